@@ -1,0 +1,213 @@
+"""Maintenance state: per-workspace policy and lease, runs with their counts, disputes and
+backups."""
+
+from __future__ import annotations
+
+from dataclasses import fields as dc_fields
+from typing import Any
+
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+from maintenance.policy import LIMITS, PolicyValues, clamp_value, clean_tags
+from memory.models import Entry, Workspace
+
+
+def _limit_field(name: str) -> models.Field[Any, Any]:
+    limit = LIMITS[name]
+    help_text = f"default {limit.default}, range {limit.low}..{limit.high}"
+    if limit.integer:
+        return models.IntegerField(default=int(limit.default), help_text=help_text)
+    return models.FloatField(default=limit.default, help_text=help_text)
+
+
+class MaintenancePolicy(models.Model):
+    """One per workspace; read fresh at the start of every run. Values are clamped on save and
+    again when read, so a hand-edited row can never push a run out of range."""
+
+    workspace = models.OneToOneField(Workspace, on_delete=models.CASCADE, related_name="policy")
+    importance_threshold = _limit_field("importance_threshold")
+    archive_older_than_days = _limit_field("archive_older_than_days")
+    prune_older_than_days = _limit_field("prune_older_than_days")
+    hard_delete_older_than_days = _limit_field("hard_delete_older_than_days")
+    decay_lambda = _limit_field("decay_lambda")
+    decay_sigma = _limit_field("decay_sigma")
+    decay_mu = _limit_field("decay_mu")
+    salience_default = _limit_field("salience_default")
+    cold_threshold = _limit_field("cold_threshold")
+    breadth_weight = _limit_field("breadth_weight")
+    tombstone_grace_days = _limit_field("tombstone_grace_days")
+    decay_interval_seconds = _limit_field("decay_interval_seconds")
+    maintenance_interval_hours = _limit_field("maintenance_interval_hours")
+    stale_after_days = _limit_field("stale_after_days")
+    archive_after_days = _limit_field("archive_after_days")
+    reclaim_archived_after_days = _limit_field("reclaim_archived_after_days")
+    low_quality_min_age_days = _limit_field("low_quality_min_age_days")
+    contradiction_batch = _limit_field("contradiction_batch")
+    contradiction_max_flags = _limit_field("contradiction_max_flags")
+    consolidation_min_group = _limit_field("consolidation_min_group")
+    consolidation_min_age_days = _limit_field("consolidation_min_age_days")
+    max_tombstone_fraction = _limit_field("max_tombstone_fraction")
+    backups_keep = _limit_field("backups_keep")
+    exclude_tags = models.JSONField(default=list, blank=True, help_text="Tags no pass may touch")
+    residue_patterns = models.JSONField(
+        null=True, blank=True, help_text="Hygiene implementation_residue patterns; empty = built-in"
+    )
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name_plural = "maintenance policies"
+
+    def __str__(self) -> str:
+        return f"policy of {self.workspace_id}"
+
+    def clamp(self) -> None:
+        for name in LIMITS:
+            setattr(self, name, clamp_value(name, getattr(self, name)))
+        self.exclude_tags = clean_tags(self.exclude_tags)
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.clamp()
+        self.updated_at = timezone.now()
+        super().save(*args, **kwargs)
+
+    def values(self) -> PolicyValues:
+        data = {f.name: getattr(self, f.name) for f in dc_fields(PolicyValues)}
+        return PolicyValues.from_mapping(data)
+
+    @classmethod
+    def for_workspace(cls, workspace: Workspace) -> PolicyValues:
+        """The effective policy, read fresh (defaults when the workspace has no row yet)."""
+        row = cls.objects.filter(workspace=workspace).first()
+        return row.values() if row else PolicyValues()
+
+
+class RunKind(models.TextChoices):
+    FULL = "full"
+    PRUNE = "prune"
+    DECAY = "decay"
+    HYGIENE = "hygiene"
+    CONTRADICTIONS = "contradictions"
+    CONSOLIDATE = "consolidate"
+
+
+class RunTrigger(models.TextChoices):
+    SCHEDULE = "schedule"
+    API = "api"
+    CLI = "cli"
+    UI = "ui"
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+    SKIPPED = "skipped"
+
+
+class MaintenanceRun(models.Model):
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="runs")
+    kind = models.CharField(max_length=16, choices=RunKind.choices)
+    trigger = models.CharField(max_length=16, choices=RunTrigger.choices)
+    dry_run = models.BooleanField(default=False)
+    forced = models.BooleanField(default=False)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    actor = models.CharField(max_length=200, default="system")
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    params = models.JSONField(default=dict, blank=True, help_text="Effective parameters")
+    counts = models.JSONField(default=dict, blank=True)
+    affected = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(default=dict, blank=True, help_text="The result object returned to callers")
+    backup_file = models.CharField(max_length=300, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["workspace", "kind", "-started_at"], name="run_history")]
+        constraints = [
+            models.CheckConstraint(condition=Q(kind__in=RunKind.values), name="run_kind_valid"),
+            models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} {self.kind} ({self.status})"
+
+
+class MaintenanceLease(models.Model):
+    """The maintenance lease of a workspace: claimed and renewed with conditional UPDATEs so
+    that only one run works on a workspace at a time, across processes and machines."""
+
+    workspace = models.OneToOneField(Workspace, on_delete=models.CASCADE, related_name="lease")
+    holder = models.CharField(max_length=64, blank=True, help_text="Empty when free")
+    run = models.ForeignKey(MaintenanceRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    acquired_at = models.DateTimeField(null=True, blank=True)
+    renewed_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"lease of {self.workspace_id}: {self.holder or 'free'}"
+
+
+class DisputeStatus(models.TextChoices):
+    OPEN = "open"
+    RESOLVED = "resolved"
+
+
+class Resolution(models.TextChoices):
+    KEEP_BOTH = "keep_both"
+    KEEP_FIRST = "keep_first"
+    KEEP_SECOND = "keep_second"
+    SUPERSEDE = "supersede"
+
+
+class Dispute(models.Model):
+    """Two entries that contradict each other, stored once per pair (entry_a < entry_b)."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="disputes")
+    entry_a = models.ForeignKey(Entry, on_delete=models.CASCADE, related_name="+")
+    entry_b = models.ForeignKey(Entry, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=32, default="polarity_conflict")
+    similarity = models.FloatField(default=0.0)
+    detected_by = models.CharField(max_length=16, choices=[("sweep", "sweep"), ("write", "write")])
+    status = models.CharField(max_length=16, choices=DisputeStatus.choices, default=DisputeStatus.OPEN)
+    resolution = models.CharField(max_length=16, choices=Resolution.choices, blank=True)
+    resolved_by = models.CharField(max_length=200, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    run = models.ForeignKey(MaintenanceRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    details = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["entry_a", "entry_b", "kind"], name="dispute_once_per_pair"),
+            models.CheckConstraint(condition=Q(entry_a__lt=F("entry_b")), name="dispute_pair_ordered"),
+        ]
+        indexes = [models.Index(fields=["workspace", "status", "-created_at"], name="dispute_queue")]
+
+    def __str__(self) -> str:
+        return f"dispute {self.entry_a_id} ⟂ {self.entry_b_id} ({self.status})"
+
+
+class BackupReason(models.TextChoices):
+    PRE_PRUNE = "pre-prune"
+    MANUAL = "manual"
+
+
+class Backup(models.Model):
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="backups")
+    file_name = models.CharField(max_length=300)
+    reason = models.CharField(max_length=16, choices=BackupReason.choices)
+    size_bytes = models.BigIntegerField(default=0)
+    entry_count = models.IntegerField(default=0)
+    sha256 = models.CharField(max_length=64)
+    run = models.ForeignKey(MaintenanceRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "file_name"], name="backup_unique_file"),
+        ]
+
+    def __str__(self) -> str:
+        return self.file_name

@@ -1,0 +1,512 @@
+"""The memory domain: workspaces and their members, keys, entries with versions, links,
+code anchors, tombstones and the lifecycle audit trail.
+
+Every row carries its workspace (directly or through its entry) so that every query can be
+scoped; nothing crosses workspaces.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+CONTENT_MAX = 50_000
+TITLE_MAX = 200
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+
+
+class KeyRole(models.TextChoices):
+    AGENT = "agent"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+
+
+class EntryType(models.TextChoices):
+    DECISION = "decision"
+    BUG_FIX = "bug_fix"
+    DEVELOPMENT_NOTE = "development_note"
+    TECHNICAL_NOTE = "technical_note"
+    OBSERVATION = "observation"
+    RULE = "rule"
+    LESSON = "lesson"
+    RETROSPECTIVE = "retrospective"
+    TEST_ENTRY = "test_entry"
+    RELEASE = "release"
+    RESEARCH = "research"
+    PLANNING = "planning"
+    MAINTENANCE = "maintenance"
+    OTHER = "other"
+
+
+class Tier(models.TextChoices):
+    EPISODIC = "episodic"
+    SEMANTIC = "semantic"
+    PROCEDURAL = "procedural"
+    CONSTITUTIONAL = "constitutional"
+
+
+class Source(models.TextChoices):
+    AGENT = "agent"
+    IMPORT = "import"
+    PLATFORM = "platform"
+    OPERATOR = "operator"
+    SYSTEM = "system"
+
+
+# Automation may archive or tombstone entries from these sources only.
+MANAGED_SOURCES = (Source.AGENT, Source.IMPORT, Source.PLATFORM)
+
+
+class ValidationStatus(models.TextChoices):
+    NONE = "none"
+    PASSED = "passed"
+    FAILED = "failed"
+
+
+class SignificanceType(models.TextChoices):
+    MILESTONE = "milestone"
+    BREAKTHROUGH = "breakthrough"
+    DECISION = "decision"
+    ARCHITECTURE = "architecture"
+    LESSON_LEARNED = "lesson_learned"
+    BLOCKER_RESOLVED = "blocker_resolved"
+    RELEASE = "release"
+    SECURITY = "security"
+
+
+class Status(models.TextChoices):
+    STAGED = "staged"
+    ACTIVE = "active"
+    STALE = "stale"
+    ARCHIVED = "archived"
+    TOMBSTONED = "tombstoned"
+
+
+# Shown by default reads and search (staged only when asked for).
+VISIBLE_STATUSES = (Status.ACTIVE, Status.STALE)
+# Statuses an entry can be restored to; "live" for reads.
+LIVE_STATUSES = (Status.STAGED, Status.ACTIVE, Status.STALE)
+
+
+class StagedClass(models.TextChoices):
+    PROCEDURAL = "procedural"
+    CONCEPTUAL = "conceptual"
+    REFERENCE = "reference"
+    ANALOGICAL = "analogical"
+    EVIDENCE = "evidence"
+
+
+class FeedbackSignal(models.TextChoices):
+    HELPFUL = "helpful"
+    NOT_HELPFUL = "not_helpful"
+    STALE = "stale"
+    WRONG = "wrong"
+
+
+class RelationshipType(models.TextChoices):
+    REFERENCES = "references"
+    IMPLEMENTS = "implements"
+    CLARIFIES = "clarifies"
+    RESPONSE_TO = "response_to"
+    EVOLVES_FROM = "evolves_from"
+    BLOCKED_BY = "blocked_by"
+    RESOLVED = "resolved"
+    CAUSED = "caused"
+    SUPERSEDES = "supersedes"
+    CONTRADICTS = "contradicts"
+    DUPLICATES = "duplicates"
+
+
+CAUSAL_TYPES = (RelationshipType.BLOCKED_BY, RelationshipType.RESOLVED, RelationshipType.CAUSED)
+
+
+class AnchorStatus(models.TextChoices):
+    VALID = "valid"
+    STALE = "stale"
+    INVALIDATED = "invalidated"
+
+
+class TombstoneReason(models.TextChoices):
+    PRUNE = "prune"
+    DECAY = "decay"
+    TTL = "ttl"
+    RECLAIM = "reclaim"
+    HYGIENE = "hygiene"
+    MANUAL = "manual"
+    API = "api"
+
+
+def _choices_check(field: str, choices: type[models.TextChoices], name: str) -> models.CheckConstraint:
+    return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=name)
+
+
+class Workspace(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "workspace"], name="membership_unique_user_workspace"),
+            _choices_check("role", Role, "membership_role_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.workspace} ({self.role})"
+
+
+class ApiKey(models.Model):
+    """A bearer key. Only its sha256 is stored: keys are 256-bit random tokens, so a fast hash
+    is enough (no dictionary to guard against) and lookups stay a single indexed query."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    role = models.CharField(max_length=16, choices=KeyRole.choices, default=KeyRole.AGENT)
+    prefix = models.CharField(max_length=16, unique=True, help_text="Shown in the UI to tell keys apart")
+    secret_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.CharField(max_length=200, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [_choices_check("role", KeyRole, "apikey_role_valid")]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class Tag(models.Model):
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="tags")
+    name = models.CharField(max_length=100)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="tag_unique_per_workspace")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class EntryQuerySet(models.QuerySet["Entry"]):
+    def of(self, workspace: Workspace | int) -> EntryQuerySet:
+        return self.filter(workspace=workspace)
+
+    def latest(self) -> EntryQuerySet:
+        return self.filter(is_latest=True)
+
+    def live(self) -> EntryQuerySet:
+        """Latest versions that are staged, active or stale."""
+        return self.filter(is_latest=True, status__in=LIVE_STATUSES)
+
+    def visible(self, *, include_archived: bool = False, include_staged: bool = False) -> EntryQuerySet:
+        statuses = list(VISIBLE_STATUSES)
+        if include_archived:
+            statuses.append(Status.ARCHIVED)
+        if include_staged:
+            statuses.append(Status.STAGED)
+        return self.filter(is_latest=True, status__in=statuses)
+
+    def managed(self) -> EntryQuerySet:
+        return self.filter(source__in=MANAGED_SOURCES)
+
+    def unprotected(self, exclude_tags: list[str] | tuple[str, ...] = ()) -> EntryQuerySet:
+        """Entries automation may archive: managed, unpinned, not constitutional, no excluded tag."""
+        qs = self.filter(source__in=MANAGED_SOURCES, pinned=False).exclude(tier=Tier.CONSTITUTIONAL)
+        if exclude_tags:
+            qs = qs.exclude(tags__name__in=list(exclude_tags))
+        return qs
+
+
+class Entry(models.Model):
+    """One memory, one version. Changing content adds a row; the old row keeps its data."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="entries")
+    title = models.CharField(max_length=TITLE_MAX, blank=True)
+    content = models.TextField()
+    content_hash = models.CharField(max_length=64, editable=False)
+    external_id = models.CharField(max_length=200, null=True, blank=True)
+    project = models.CharField(max_length=200, blank=True)
+    session_key = models.CharField(max_length=200, blank=True)
+    entry_type = models.CharField(max_length=32, choices=EntryType.choices, default=EntryType.OBSERVATION)
+    tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.EPISODIC)
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.AGENT)
+    metadata = models.JSONField(default=dict, blank=True, help_text="Writer's extra fields, kept as given")
+
+    # Scores supplied by writers.
+    impact_score = models.FloatField(null=True, blank=True)
+    trust_score = models.FloatField(null=True, blank=True)
+    validation_status = models.CharField(
+        max_length=8, choices=ValidationStatus.choices, default=ValidationStatus.NONE
+    )
+    significance_type = models.CharField(max_length=32, choices=SignificanceType.choices, null=True, blank=True)
+
+    # Decay inputs.
+    salience = models.FloatField(null=True, blank=True)
+    access_count = models.PositiveIntegerField(default=0)
+    last_accessed_at = models.DateTimeField(null=True, blank=True)
+    retrieval_count = models.PositiveIntegerField(default=0)
+    reinforced_at = models.DateTimeField(null=True, blank=True)
+    last_feedback = models.CharField(max_length=16, choices=FeedbackSignal.choices, blank=True)
+    feedback_at = models.DateTimeField(null=True, blank=True)
+
+    pinned = models.BooleanField(default=False)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    tags = models.ManyToManyField(Tag, related_name="entries", blank=True)
+
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    status_changed_at = models.DateTimeField(default=timezone.now)
+    archived_at = models.DateTimeField(null=True, blank=True)
+    staged_class = models.CharField(max_length=16, choices=StagedClass.choices, null=True, blank=True)
+    ttl_expires_at = models.DateTimeField(null=True, blank=True)
+    # content_hash at the time an operator chose "keep" in the hygiene queue; a content change
+    # brings the entry back to the queue.
+    review_kept_hash = models.CharField(max_length=64, blank=True)
+
+    # Versions.
+    lineage_id = models.BigIntegerField(null=True, blank=True, help_text="Id of the first version")
+    supersedes = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="superseded_by"
+    )
+    is_latest = models.BooleanField(default=True)
+
+    # Stored scores (refreshed by sweeps and by every write that changes an input).
+    importance = models.FloatField(default=0.0)
+    retention = models.FloatField(default=1.0)
+    scored_at = models.DateTimeField(null=True, blank=True)
+
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = EntryQuerySet.as_manager()
+
+    class Meta:
+        verbose_name_plural = "entries"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "external_id"],
+                condition=Q(is_latest=True, external_id__isnull=False),
+                name="entry_external_id_unique_per_workspace",
+            ),
+            _choices_check("status", Status, "entry_status_valid"),
+            _choices_check("tier", Tier, "entry_tier_valid"),
+            _choices_check("source", Source, "entry_source_valid"),
+            _choices_check("validation_status", ValidationStatus, "entry_validation_valid"),
+            models.CheckConstraint(
+                condition=Q(impact_score__isnull=True) | Q(impact_score__gte=0, impact_score__lte=1),
+                name="entry_impact_in_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(trust_score__isnull=True) | Q(trust_score__gte=0, trust_score__lte=1),
+                name="entry_trust_in_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(salience__isnull=True) | Q(salience__gte=0.25, salience__lte=2.0),
+                name="entry_salience_in_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(supersedes__isnull=True) | ~Q(supersedes=F("id")),
+                name="entry_not_superseding_itself",
+            ),
+        ]
+        indexes = [
+            # Lists and the dashboard: latest visible entries of a workspace by importance.
+            models.Index(
+                fields=["workspace", "-importance"],
+                condition=Q(is_latest=True, status__in=[Status.ACTIVE, Status.STALE, Status.STAGED]),
+                name="entry_live_by_importance",
+            ),
+            models.Index(
+                fields=["workspace", "-created_at"], condition=Q(is_latest=True), name="entry_latest_recent"
+            ),
+            models.Index(fields=["lineage_id"], name="entry_lineage"),
+            models.Index(fields=["workspace", "content_hash"], condition=Q(is_latest=True), name="entry_hash"),
+            # Sweep predicates (SPEC §4.1), each a partial index on the rows the pass reads.
+            models.Index(
+                fields=["workspace", "retention"],
+                condition=Q(is_latest=True, status__in=[Status.ACTIVE, Status.STALE], tier=Tier.EPISODIC),
+                name="entry_sweep_decay",
+            ),
+            models.Index(
+                fields=["workspace", "ttl_expires_at"],
+                condition=Q(is_latest=True, status=Status.STAGED),
+                name="entry_sweep_staged",
+            ),
+            models.Index(
+                fields=["workspace", "expires_at"],
+                condition=Q(is_latest=True, expires_at__isnull=False),
+                name="entry_sweep_ttl",
+            ),
+            models.Index(
+                fields=["workspace", "status", "status_changed_at"],
+                condition=Q(is_latest=True, status__in=[Status.ACTIVE, Status.STALE, Status.ARCHIVED]),
+                name="entry_sweep_age",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        label = self.title or self.content[:60]
+        return f"#{self.pk} {label}"
+
+    @property
+    def is_managed(self) -> bool:
+        return self.source in MANAGED_SOURCES
+
+
+class EntryAccess(models.Model):
+    """Per-actor access counter of a lineage; the number of rows is the entry's readers."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    lineage_id = models.BigIntegerField()
+    actor = models.CharField(max_length=200)
+    count = models.PositiveIntegerField(default=0)
+    first_at = models.DateTimeField(default=timezone.now)
+    last_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name_plural = "entry accesses"
+        constraints = [
+            models.UniqueConstraint(fields=["lineage_id", "actor"], name="access_unique_lineage_actor")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.actor} → lineage {self.lineage_id} ×{self.count}"
+
+
+class Relationship(models.Model):
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="relationships")
+    from_entry = models.ForeignKey(Entry, on_delete=models.CASCADE, related_name="links_out")
+    to_entry = models.ForeignKey(Entry, on_delete=models.CASCADE, related_name="links_in")
+    type = models.CharField(max_length=16, choices=RelationshipType.choices, default=RelationshipType.REFERENCES)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.CharField(max_length=200, blank=True)
+    pruned_at = models.DateTimeField(null=True, blank=True, help_text="Deactivated by maintenance")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["from_entry", "to_entry", "type"], name="relationship_unique_triple"),
+            models.CheckConstraint(condition=~Q(from_entry=F("to_entry")), name="relationship_no_self_link"),
+            _choices_check("type", RelationshipType, "relationship_type_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.from_entry_id} -{self.type}-> {self.to_entry_id}"
+
+
+class CodeAnchor(models.Model):
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    entry = models.ForeignKey(Entry, on_delete=models.CASCADE, related_name="anchors")
+    repo = models.CharField(max_length=300, blank=True)
+    path = models.CharField(max_length=1000)
+    commit = models.CharField(max_length=64, blank=True)
+    line_start = models.PositiveIntegerField(null=True, blank=True)
+    line_end = models.PositiveIntegerField(null=True, blank=True)
+    content_hash = models.CharField(max_length=64, blank=True)
+    status = models.CharField(max_length=16, choices=AnchorStatus.choices, default=AnchorStatus.VALID)
+    checked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["workspace", "repo", "path"], name="anchor_by_path")]
+        constraints = [
+            _choices_check("status", AnchorStatus, "anchor_status_valid"),
+            models.CheckConstraint(
+                condition=Q(line_start__isnull=True) | Q(line_end__isnull=True) | Q(line_end__gte=F("line_start")),
+                name="anchor_line_range_ordered",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.repo}:{self.path}@{self.commit[:10]} ({self.status})"
+
+
+class Tombstone(models.Model):
+    """A soft deletion. It outlives a purged entry as a content-free record."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="tombstones")
+    entry = models.ForeignKey(Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="tombstones")
+    entry_ref = models.BigIntegerField(help_text="Entry id, kept after purge")
+    lineage_ref = models.BigIntegerField(help_text="Lineage id, kept after purge")
+    content_hash = models.CharField(max_length=64)
+    reason = models.CharField(max_length=16, choices=TombstoneReason.choices)
+    previous_status = models.CharField(max_length=16, choices=Status.choices)
+    run = models.ForeignKey(
+        "maintenance.MaintenanceRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="tombstones"
+    )
+    actor = models.CharField(max_length=200, default="system")
+    created_at = models.DateTimeField(default=timezone.now)
+    purge_after = models.DateTimeField()
+    restored_at = models.DateTimeField(null=True, blank=True)
+    purged_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            _choices_check("reason", TombstoneReason, "tombstone_reason_valid"),
+            models.UniqueConstraint(
+                fields=["entry"],
+                condition=Q(restored_at__isnull=True, purged_at__isnull=True),
+                name="tombstone_one_open_per_entry",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["workspace", "purge_after"],
+                condition=Q(restored_at__isnull=True, purged_at__isnull=True),
+                name="tombstone_sweep_purge",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"tombstone of #{self.entry_ref} ({self.reason})"
+
+
+class LifecycleEvent(models.Model):
+    """One row per status change of an entry: the audit trail behind every revert."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="lifecycle_events")
+    entry = models.ForeignKey(Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="events")
+    entry_ref = models.BigIntegerField()
+    from_status = models.CharField(max_length=16, blank=True, help_text="Empty for a creation")
+    to_status = models.CharField(max_length=16, help_text="A status, or 'purged'")
+    reason = models.CharField(max_length=32)
+    run = models.ForeignKey(
+        "maintenance.MaintenanceRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+    )
+    actor = models.CharField(max_length=200, default="system")
+    automatic = models.BooleanField(default=False, help_text="Made by maintenance, not by a person or key")
+    reverts = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reverted_by")
+    created_at = models.DateTimeField(default=timezone.now)
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["workspace", "-created_at"], name="event_recent"),
+            models.Index(fields=["entry_ref", "-created_at"], name="event_by_entry"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.entry_ref} {self.from_status or '∅'} → {self.to_status} ({self.reason})"
