@@ -20,7 +20,16 @@ class MaintenancePolicyAdmin(admin.ModelAdmin):
 
 @admin.register(MaintenanceRun)
 class MaintenanceRunAdmin(admin.ModelAdmin):
-    list_display = ["id", "workspace", "kind", "trigger", "dry_run", "status", "started_at", "finished_at"]
+    list_display = [
+        "id",
+        "workspace",
+        "kind",
+        "trigger",
+        "dry_run",
+        "status",
+        "started_at",
+        "finished_at",
+    ]
     list_filter = ["kind", "status", "trigger", "dry_run", "workspace"]
     search_fields = ["workspace__slug", "backup_file", "error"]
     list_select_related = ["workspace"]
@@ -35,7 +44,16 @@ class MaintenanceLeaseAdmin(admin.ModelAdmin):
 
 @admin.register(Dispute)
 class DisputeAdmin(admin.ModelAdmin):
-    list_display = ["id", "workspace", "entry_a_id", "entry_b_id", "similarity", "detected_by", "status", "resolution"]
+    list_display = [
+        "id",
+        "workspace",
+        "entry_a_id",
+        "entry_b_id",
+        "similarity",
+        "detected_by",
+        "status",
+        "resolution",
+    ]
     list_filter = ["status", "resolution", "detected_by", "workspace"]
     search_fields = ["entry_a__content", "entry_b__content"]
     raw_id_fields = ["entry_a", "entry_b", "run"]

@@ -62,15 +62,15 @@ class MaintenancePolicy(models.Model):
     def __str__(self) -> str:
         return f"policy of {self.workspace_id}"
 
-    def clamp(self) -> None:
-        for name in LIMITS:
-            setattr(self, name, clamp_value(name, getattr(self, name)))
-        self.exclude_tags = clean_tags(self.exclude_tags)
-
     def save(self, *args: Any, **kwargs: Any) -> None:
         self.clamp()
         self.updated_at = timezone.now()
         super().save(*args, **kwargs)
+
+    def clamp(self) -> None:
+        for name in LIMITS:
+            setattr(self, name, clamp_value(name, getattr(self, name)))
+        self.exclude_tags = clean_tags(self.exclude_tags)
 
     def values(self) -> PolicyValues:
         data = {f.name: getattr(self, f.name) for f in dc_fields(PolicyValues)}
@@ -141,7 +141,9 @@ class MaintenanceLease(models.Model):
 
     workspace = models.OneToOneField(Workspace, on_delete=models.CASCADE, related_name="lease")
     holder = models.CharField(max_length=64, blank=True, help_text="Empty when free")
-    run = models.ForeignKey(MaintenanceRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    run = models.ForeignKey(
+        MaintenanceRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     acquired_at = models.DateTimeField(null=True, blank=True)
     renewed_at = models.DateTimeField(null=True, blank=True)
 
@@ -174,7 +176,9 @@ class Dispute(models.Model):
     resolution = models.CharField(max_length=16, choices=Resolution.choices, blank=True)
     resolved_by = models.CharField(max_length=200, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
-    run = models.ForeignKey(MaintenanceRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    run = models.ForeignKey(
+        MaintenanceRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     details = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -201,7 +205,9 @@ class Backup(models.Model):
     size_bytes = models.BigIntegerField(default=0)
     entry_count = models.IntegerField(default=0)
     sha256 = models.CharField(max_length=64)
-    run = models.ForeignKey(MaintenanceRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    run = models.ForeignKey(
+        MaintenanceRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

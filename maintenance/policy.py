@@ -64,7 +64,7 @@ def clamp_value(name: str, value: Any) -> float | int:
         number = float(limit.default)
     number = min(max(number, limit.low), limit.high)
     if limit.integer:
-        return int(math.floor(number))
+        return math.floor(number)
     return number
 
 

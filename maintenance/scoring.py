@@ -115,7 +115,7 @@ def retention(
     days_since_access: float | None,
     salience: float | None,
     readers: int,
-    params: DecayParams = DecayParams(),  # noqa: B008 - frozen, so a shared default is safe
+    params: DecayParams = DecayParams(),
 ) -> float:
     """R = s·e^(−λ·age) + A; A rewards access (count, recency and breadth of readers)."""
     age = max(age_days, 0.0)
@@ -129,7 +129,7 @@ def retention(
     return time_term + access_term
 
 
-def is_cold(retention_value: float, params: DecayParams = DecayParams()) -> bool:  # noqa: B008
+def is_cold(retention_value: float, params: DecayParams = DecayParams()) -> bool:
     return retention_value < params.cold_threshold
 
 

@@ -30,7 +30,15 @@ class MembershipAdmin(admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "name", "workspace", "role", "created_at", "last_used_at", "revoked_at"]
+    list_display = [
+        "prefix",
+        "name",
+        "workspace",
+        "role",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     list_filter = ["role", "workspace", ("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["prefix", "name", "workspace__slug"]
     list_select_related = ["workspace"]
@@ -72,7 +80,16 @@ class EntryAdmin(admin.ModelAdmin):
         "is_latest",
         "created_at",
     ]
-    list_filter = ["workspace", "status", "entry_type", "tier", "source", "pinned", "is_latest", "staged_class"]
+    list_filter = [
+        "workspace",
+        "status",
+        "entry_type",
+        "tier",
+        "source",
+        "pinned",
+        "is_latest",
+        "staged_class",
+    ]
     search_fields = ["title", "content", "external_id", "project", "session_key"]
     list_select_related = ["workspace"]
     raw_id_fields = ["supersedes"]
@@ -95,7 +112,15 @@ class EntryAccessAdmin(admin.ModelAdmin):
 
 @admin.register(Relationship)
 class RelationshipAdmin(admin.ModelAdmin):
-    list_display = ["id", "from_entry_id", "type", "to_entry_id", "workspace", "created_at", "pruned_at"]
+    list_display = [
+        "id",
+        "from_entry_id",
+        "type",
+        "to_entry_id",
+        "workspace",
+        "created_at",
+        "pruned_at",
+    ]
     list_filter = ["type", "workspace", ("pruned_at", admin.EmptyFieldListFilter)]
     search_fields = ["from_entry__title", "to_entry__title", "created_by"]
     raw_id_fields = ["from_entry", "to_entry"]
@@ -112,8 +137,22 @@ class CodeAnchorAdmin(admin.ModelAdmin):
 
 @admin.register(Tombstone)
 class TombstoneAdmin(admin.ModelAdmin):
-    list_display = ["entry_ref", "workspace", "reason", "actor", "created_at", "purge_after", "restored_at", "purged_at"]
-    list_filter = ["reason", "workspace", ("restored_at", admin.EmptyFieldListFilter), ("purged_at", admin.EmptyFieldListFilter)]
+    list_display = [
+        "entry_ref",
+        "workspace",
+        "reason",
+        "actor",
+        "created_at",
+        "purge_after",
+        "restored_at",
+        "purged_at",
+    ]
+    list_filter = [
+        "reason",
+        "workspace",
+        ("restored_at", admin.EmptyFieldListFilter),
+        ("purged_at", admin.EmptyFieldListFilter),
+    ]
     search_fields = ["entry_ref", "actor", "content_hash"]
     raw_id_fields = ["entry", "run"]
     list_select_related = ["workspace"]
@@ -121,7 +160,16 @@ class TombstoneAdmin(admin.ModelAdmin):
 
 @admin.register(LifecycleEvent)
 class LifecycleEventAdmin(admin.ModelAdmin):
-    list_display = ["created_at", "entry_ref", "from_status", "to_status", "reason", "automatic", "actor", "run_id"]
+    list_display = [
+        "created_at",
+        "entry_ref",
+        "from_status",
+        "to_status",
+        "reason",
+        "automatic",
+        "actor",
+        "run_id",
+    ]
     list_filter = ["to_status", "reason", "automatic", "workspace"]
     search_fields = ["entry_ref", "actor", "reason"]
     raw_id_fields = ["entry", "run", "reverts"]

@@ -263,7 +263,9 @@ class Entry(models.Model):
     validation_status = models.CharField(
         max_length=8, choices=ValidationStatus.choices, default=ValidationStatus.NONE
     )
-    significance_type = models.CharField(max_length=32, choices=SignificanceType.choices, null=True, blank=True)
+    significance_type = models.CharField(
+        max_length=32, choices=SignificanceType.choices, null=True, blank=True
+    )
 
     # Decay inputs.
     salience = models.FloatField(null=True, blank=True)
@@ -341,10 +343,14 @@ class Entry(models.Model):
                 name="entry_live_by_importance",
             ),
             models.Index(
-                fields=["workspace", "-created_at"], condition=Q(is_latest=True), name="entry_latest_recent"
+                fields=["workspace", "-created_at"],
+                condition=Q(is_latest=True),
+                name="entry_latest_recent",
             ),
             models.Index(fields=["lineage_id"], name="entry_lineage"),
-            models.Index(fields=["workspace", "content_hash"], condition=Q(is_latest=True), name="entry_hash"),
+            models.Index(
+                fields=["workspace", "content_hash"], condition=Q(is_latest=True), name="entry_hash"
+            ),
             # Sweep predicates (SPEC §4.1), each a partial index on the rows the pass reads.
             models.Index(
                 fields=["workspace", "retention"],
@@ -401,14 +407,18 @@ class Relationship(models.Model):
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="relationships")
     from_entry = models.ForeignKey(Entry, on_delete=models.CASCADE, related_name="links_out")
     to_entry = models.ForeignKey(Entry, on_delete=models.CASCADE, related_name="links_in")
-    type = models.CharField(max_length=16, choices=RelationshipType.choices, default=RelationshipType.REFERENCES)
+    type = models.CharField(
+        max_length=16, choices=RelationshipType.choices, default=RelationshipType.REFERENCES
+    )
     created_at = models.DateTimeField(default=timezone.now)
     created_by = models.CharField(max_length=200, blank=True)
     pruned_at = models.DateTimeField(null=True, blank=True, help_text="Deactivated by maintenance")
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["from_entry", "to_entry", "type"], name="relationship_unique_triple"),
+            models.UniqueConstraint(
+                fields=["from_entry", "to_entry", "type"], name="relationship_unique_triple"
+            ),
             models.CheckConstraint(condition=~Q(from_entry=F("to_entry")), name="relationship_no_self_link"),
             _choices_check("type", RelationshipType, "relationship_type_valid"),
         ]
@@ -435,7 +445,9 @@ class CodeAnchor(models.Model):
         constraints = [
             _choices_check("status", AnchorStatus, "anchor_status_valid"),
             models.CheckConstraint(
-                condition=Q(line_start__isnull=True) | Q(line_end__isnull=True) | Q(line_end__gte=F("line_start")),
+                condition=Q(line_start__isnull=True)
+                | Q(line_end__isnull=True)
+                | Q(line_end__gte=F("line_start")),
                 name="anchor_line_range_ordered",
             ),
         ]
@@ -448,14 +460,20 @@ class Tombstone(models.Model):
     """A soft deletion. It outlives a purged entry as a content-free record."""
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="tombstones")
-    entry = models.ForeignKey(Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="tombstones")
+    entry = models.ForeignKey(
+        Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="tombstones"
+    )
     entry_ref = models.BigIntegerField(help_text="Entry id, kept after purge")
     lineage_ref = models.BigIntegerField(help_text="Lineage id, kept after purge")
     content_hash = models.CharField(max_length=64)
     reason = models.CharField(max_length=16, choices=TombstoneReason.choices)
     previous_status = models.CharField(max_length=16, choices=Status.choices)
     run = models.ForeignKey(
-        "maintenance.MaintenanceRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="tombstones"
+        "maintenance.MaintenanceRun",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="tombstones",
     )
     actor = models.CharField(max_length=200, default="system")
     created_at = models.DateTimeField(default=timezone.now)
@@ -494,11 +512,17 @@ class LifecycleEvent(models.Model):
     to_status = models.CharField(max_length=16, help_text="A status, or 'purged'")
     reason = models.CharField(max_length=32)
     run = models.ForeignKey(
-        "maintenance.MaintenanceRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+        "maintenance.MaintenanceRun",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="events",
     )
     actor = models.CharField(max_length=200, default="system")
     automatic = models.BooleanField(default=False, help_text="Made by maintenance, not by a person or key")
-    reverts = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reverted_by")
+    reverts = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reverted_by"
+    )
     created_at = models.DateTimeField(default=timezone.now)
     details = models.JSONField(default=dict, blank=True)
 

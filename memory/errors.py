@@ -1,0 +1,25 @@
+"""Errors raised by services; the API maps each to its HTTP status and one JSON shape."""
+
+
+class ServiceError(Exception):
+    status_code = 400
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail
+
+
+class InvalidInput(ServiceError):
+    status_code = 422
+
+
+class NotFound(ServiceError):
+    status_code = 404
+
+
+class Conflict(ServiceError):
+    status_code = 409
+
+
+class Forbidden(ServiceError):
+    status_code = 403

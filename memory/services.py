@@ -1,0 +1,917 @@
+"""Every write to memories goes through these functions.
+
+Each is keyword-only, runs in one transaction, scopes every lookup to the workspace it is
+given (another workspace's id is simply not found), records a LifecycleEvent for every status
+change, and refreshes the stored scores of every entry whose score inputs it changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from maintenance.models import MaintenancePolicy
+from maintenance.scoring import step_salience
+from maintenance.scoring_db import refresh_scores
+from memory.errors import Conflict, InvalidInput, NotFound
+from memory.models import (
+    CONTENT_MAX,
+    LIVE_STATUSES,
+    TITLE_MAX,
+    AnchorStatus,
+    ApiKey,
+    CodeAnchor,
+    Entry,
+    EntryAccess,
+    EntryType,
+    FeedbackSignal,
+    KeyRole,
+    LifecycleEvent,
+    Membership,
+    Relationship,
+    RelationshipType,
+    Role,
+    SignificanceType,
+    Source,
+    StagedClass,
+    Status,
+    Tag,
+    Tier,
+    Tombstone,
+    TombstoneReason,
+    ValidationStatus,
+    Workspace,
+)
+
+SYSTEM_ACTOR = "system"
+
+# Days a staged trace lives before it expires (SPEC §4.3).
+STAGED_TTL_DAYS = {
+    StagedClass.PROCEDURAL: 60,
+    StagedClass.CONCEPTUAL: 60,
+    StagedClass.REFERENCE: 45,
+    StagedClass.ANALOGICAL: 30,
+    StagedClass.EVIDENCE: 14,
+}
+TAG_MAX = 100
+TAGS_PER_ENTRY_MAX = 50
+ANCHORS_PER_ENTRY_MAX = 100
+LINKS_PER_WRITE_MAX = 100
+
+
+# --- small helpers ------------------------------------------------------------------------
+
+
+def normalise_content(text: str) -> str:
+    """The form content is hashed in: NFC, Unix newlines, no trailing spaces, trimmed."""
+    text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
+    return "\n".join(line.rstrip() for line in text.split("\n")).strip()
+
+
+def content_hash(text: str) -> str:
+    return hashlib.sha256(normalise_content(text).encode("utf-8")).hexdigest()
+
+
+def actor_for_user(user: Any) -> str:
+    return f"user:{user.get_username()}"
+
+
+def actor_for_key(key: ApiKey) -> str:
+    return f"key:{key.prefix}"
+
+
+def _now(now: datetime | None) -> datetime:
+    return now if now is not None else timezone.now()
+
+
+def _choice(value: Any, choices: Iterable[str], field: str, *, allow_none: bool = False) -> Any:
+    if value is None and allow_none:
+        return None
+    if value not in set(choices):
+        raise InvalidInput(f"{field}: {value!r} is not one of {sorted(choices)}")
+    return value
+
+
+def _unit(value: Any, field: str, low: float = 0.0, high: float = 1.0) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{field}: must be a number between {low} and {high}")
+    if not (low <= float(value) <= high):
+        raise InvalidInput(f"{field}: {value} is outside {low}..{high}")
+    return float(value)
+
+
+def _text(value: Any, field: str, max_len: int, *, required: bool = False) -> str:
+    if value is None:
+        value = ""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{field}: must be a string")
+    if "\x00" in value:
+        raise InvalidInput(f"{field}: must not contain NUL characters")
+    if required and not value.strip():
+        raise InvalidInput(f"{field}: must not be empty")
+    if len(value) > max_len:
+        raise InvalidInput(f"{field}: {len(value)} characters, at most {max_len} allowed")
+    return value
+
+
+def clean_tag_names(tags: Iterable[Any] | None) -> list[str]:
+    names: dict[str, None] = {}
+    for raw in tags or []:
+        if not isinstance(raw, str):
+            raise InvalidInput("tags: every tag must be a string")
+        name = raw.strip()
+        if not name:
+            continue
+        if len(name) > TAG_MAX:
+            raise InvalidInput(f"tags: {name[:20]!r}… is longer than {TAG_MAX} characters")
+        names.setdefault(name, None)
+    if len(names) > TAGS_PER_ENTRY_MAX:
+        raise InvalidInput(f"tags: at most {TAGS_PER_ENTRY_MAX} per entry")
+    return list(names)
+
+
+def tags_for_names(workspace: Workspace, names: Sequence[str]) -> list[Tag]:
+    """The workspace's Tag rows for ``names``, creating missing ones (two queries)."""
+    if not names:
+        return []
+    Tag.objects.bulk_create([Tag(workspace=workspace, name=n) for n in names], ignore_conflicts=True)
+    return list(Tag.objects.filter(workspace=workspace, name__in=names))
+
+
+def record_event(
+    entry: Entry,
+    *,
+    from_status: str,
+    to_status: str,
+    reason: str,
+    actor: str,
+    now: datetime,
+    run: Any = None,
+    automatic: bool = False,
+    details: Mapping[str, Any] | None = None,
+) -> LifecycleEvent:
+    return LifecycleEvent.objects.create(
+        workspace_id=entry.workspace_id,
+        entry=entry,
+        entry_ref=entry.pk,
+        from_status=from_status,
+        to_status=to_status,
+        reason=reason,
+        actor=actor,
+        run=run,
+        automatic=automatic,
+        created_at=now,
+        details=dict(details or {}),
+    )
+
+
+def _set_status(
+    entry: Entry, to_status: str, *, reason: str, actor: str, now: datetime, **event: Any
+) -> None:
+    from_status = entry.status
+    entry.status = to_status
+    entry.status_changed_at = now
+    entry.updated_at = now
+    entry.archived_at = (
+        now
+        if to_status == Status.ARCHIVED
+        else (entry.archived_at if to_status == Status.TOMBSTONED else None)
+    )
+    entry.save(update_fields=["status", "status_changed_at", "updated_at", "archived_at"])
+    record_event(
+        entry,
+        from_status=from_status,
+        to_status=to_status,
+        reason=reason,
+        actor=actor,
+        now=now,
+        **event,
+    )
+
+
+def _rescore(workspace: Workspace, ids: Iterable[int], now: datetime) -> None:
+    refresh_scores(
+        workspace, now=now, ids=ids, params=MaintenancePolicy.for_workspace(workspace).decay_params
+    )
+
+
+def neighbour_ids(entry_ids: Iterable[int]) -> set[int]:
+    """Ids at the other end of every link touching ``entry_ids`` (their importance counts them)."""
+    ids = list(entry_ids)
+    rows = Relationship.objects.filter(Q(from_entry_id__in=ids) | Q(to_entry_id__in=ids)).values_list(
+        "from_entry_id", "to_entry_id"
+    )
+    found = {i for pair in rows for i in pair}
+    return found - set(ids)
+
+
+# --- workspaces, members and keys ---------------------------------------------------------
+
+
+def workspace_create(*, slug: str, name: str = "") -> Workspace:
+    from django.core.exceptions import ValidationError
+    from django.core.validators import validate_slug
+
+    try:
+        validate_slug(slug)
+    except ValidationError:
+        raise InvalidInput(f"slug: {slug!r} may contain only letters, digits, '-' and '_'") from None
+    with transaction.atomic():
+        if Workspace.objects.filter(slug=slug).exists():
+            raise Conflict(f"workspace {slug!r} already exists")
+        workspace = Workspace.objects.create(slug=slug, name=name or slug)
+        MaintenancePolicy.objects.create(workspace=workspace)
+    return workspace
+
+
+def workspace_get(slug: str) -> Workspace:
+    try:
+        return Workspace.objects.get(slug=slug)
+    except Workspace.DoesNotExist:
+        raise NotFound(f"workspace {slug!r} not found") from None
+
+
+def membership_set(*, workspace: Workspace, user: Any, role: str) -> Membership:
+    _choice(role, Role.values, "role")
+    membership, _ = Membership.objects.update_or_create(
+        user=user, workspace=workspace, defaults={"role": role}
+    )
+    return membership
+
+
+def api_key_create(
+    *, workspace: Workspace, name: str, role: str, actor: str = SYSTEM_ACTOR
+) -> tuple[ApiKey, str]:
+    """Create a key and return it with its secret, which is never stored and never shown again."""
+    _choice(role, KeyRole.values, "role")
+    _text(name, "name", 100, required=True)
+    raw = "msk_" + secrets.token_urlsafe(32)
+    key = ApiKey.objects.create(
+        workspace=workspace,
+        name=name,
+        role=role,
+        prefix=raw[:12],
+        secret_hash=hash_key(raw),
+        created_by=actor,
+    )
+    return key, raw
+
+
+def hash_key(raw: str) -> str:
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
+
+
+def api_key_revoke(*, workspace: Workspace, key_id: int, now: datetime | None = None) -> ApiKey:
+    key = ApiKey.objects.filter(workspace=workspace, pk=key_id).first()
+    if key is None:
+        raise NotFound(f"api key {key_id} not found")
+    if key.revoked_at is None:
+        key.revoked_at = _now(now)
+        key.save(update_fields=["revoked_at"])
+    return key
+
+
+# --- entries ------------------------------------------------------------------------------
+
+
+def entry_get(*, workspace: Workspace, entry_id: Any) -> Entry:
+    """Any version of an entry of this workspace; another workspace's id is not found."""
+    try:
+        pk = int(entry_id)
+    except (TypeError, ValueError):
+        raise NotFound(f"entry {entry_id!r} not found") from None
+    entry = Entry.objects.filter(workspace=workspace, pk=pk).first()
+    if entry is None:
+        raise NotFound(f"entry {pk} not found")
+    return entry
+
+
+def _latest_for_write(workspace: Workspace, entry_id: Any) -> Entry:
+    entry = entry_get(workspace=workspace, entry_id=entry_id)
+    if not entry.is_latest:
+        latest = Entry.objects.filter(
+            workspace=workspace, lineage_id=entry.lineage_id, is_latest=True
+        ).first()
+        raise Conflict(f"entry {entry.pk} is an old version; the latest is {latest.pk if latest else 'gone'}")
+    return entry
+
+
+@dataclass(frozen=True)
+class AnchorIn:
+    path: str
+    repo: str = ""
+    commit: str = ""
+    line_start: int | None = None
+    line_end: int | None = None
+    content_hash: str = ""
+    status: str = AnchorStatus.VALID
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> AnchorIn:
+        if not isinstance(data, Mapping):
+            raise InvalidInput("anchors: each anchor must be an object")
+        path = _text(data.get("path"), "anchors.path", 1000, required=True)
+        lines = []
+        for name in ("line_start", "line_end"):
+            value = data.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InvalidInput(f"anchors.{name}: must be a positive integer")
+            lines.append(value)
+        if lines[0] is not None and lines[1] is not None and lines[1] < lines[0]:
+            raise InvalidInput("anchors: line_end is before line_start")
+        return cls(
+            path=path,
+            repo=_text(data.get("repo"), "anchors.repo", 300),
+            commit=_text(data.get("commit"), "anchors.commit", 64),
+            line_start=lines[0],
+            line_end=lines[1],
+            content_hash=_text(data.get("content_hash"), "anchors.content_hash", 64),
+            status=_choice(data.get("status") or AnchorStatus.VALID, AnchorStatus.values, "anchors.status"),
+        )
+
+    def row(self, entry: Entry) -> CodeAnchor:
+        return CodeAnchor(
+            workspace_id=entry.workspace_id,
+            entry=entry,
+            repo=self.repo,
+            path=self.path,
+            commit=self.commit,
+            line_start=self.line_start,
+            line_end=self.line_end,
+            content_hash=self.content_hash,
+            status=self.status,
+        )
+
+
+# Fields a writer may set, with their validators (SPEC §1, §5).
+def _validate_writable(data: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    validators: dict[str, Any] = {
+        "title": lambda v: _text(v, "title", TITLE_MAX),
+        "project": lambda v: _text(v, "project", 200),
+        "session_key": lambda v: _text(v, "session_key", 200),
+        "external_id": lambda v: None if v is None else _text(v, "external_id", 200, required=True),
+        "entry_type": lambda v: _choice(v, EntryType.values, "entry_type"),
+        "tier": lambda v: _choice(v, Tier.values, "tier"),
+        "source": lambda v: _choice(v, Source.values, "source"),
+        "impact_score": lambda v: _unit(v, "impact_score"),
+        "trust_score": lambda v: _unit(v, "trust_score"),
+        "validation_status": lambda v: _choice(v, ValidationStatus.values, "validation_status"),
+        "significance_type": lambda v: _choice(
+            v or None, SignificanceType.values, "significance_type", allow_none=True
+        ),
+        "salience": lambda v: _unit(v, "salience", 0.25, 2.0),
+        "pinned": lambda v: _bool(v, "pinned"),
+        "expires_at": lambda v: _datetime(v, "expires_at"),
+        "metadata": lambda v: _mapping(v, "metadata"),
+    }
+    for name, value in data.items():
+        if name not in validators:
+            raise InvalidInput(f"{name}: not a writable field")
+        out[name] = validators[name](value)
+    return out
+
+
+def _bool(value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{field}: must be true or false")
+    return value
+
+
+def _datetime(value: Any, field: str) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        raise InvalidInput(f"{field}: must be a datetime")
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value, timezone.UTC)
+    return value
+
+
+def _mapping(value: Any, field: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidInput(f"{field}: must be an object")
+    return dict(value)
+
+
+@dataclass(frozen=True)
+class LinkIn:
+    to_id: int
+    type: str = RelationshipType.REFERENCES
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> LinkIn:
+        if not isinstance(data, Mapping):
+            raise InvalidInput("links: each link must be an object")
+        to_id = data.get("to_id")
+        if isinstance(to_id, bool) or not isinstance(to_id, int):
+            raise InvalidInput("links.to_id: must be an entry id")
+        return cls(
+            to_id=to_id,
+            type=_choice(data.get("type") or "references", RelationshipType.values, "links.type"),
+        )
+
+
+def entry_create(
+    *,
+    workspace: Workspace,
+    content: str,
+    actor: str = SYSTEM_ACTOR,
+    tags: Iterable[str] | None = None,
+    anchors: Iterable[Mapping[str, Any]] | None = None,
+    links: Iterable[Mapping[str, Any]] | None = None,
+    staged_class: str | None = None,
+    now: datetime | None = None,
+    created_at: datetime | None = None,
+    **fields: Any,
+) -> Entry:
+    """Create an entry (a new lineage) with its tags, anchors and outgoing links.
+
+    ``staged_class`` makes it a staged trace with the class TTL; ``fields`` are the writable
+    fields of SPEC §1. Nothing is written if any part is invalid.
+    """
+    now = _now(now)
+    content = _text(content, "content", CONTENT_MAX, required=True)
+    values = _validate_writable(fields)
+    tag_names = clean_tag_names(tags)
+    anchor_list = [AnchorIn.parse(a) for a in (anchors or [])]
+    link_list = [LinkIn.parse(link) for link in (links or [])]
+    if len(anchor_list) > ANCHORS_PER_ENTRY_MAX:
+        raise InvalidInput(f"anchors: at most {ANCHORS_PER_ENTRY_MAX} per entry")
+    if len(link_list) > LINKS_PER_WRITE_MAX:
+        raise InvalidInput(f"links: at most {LINKS_PER_WRITE_MAX} per write")
+    if staged_class is not None:
+        _choice(staged_class, StagedClass.values, "staged_class")
+    created = created_at or now
+
+    with transaction.atomic():
+        external_id = values.get("external_id")
+        if (
+            external_id
+            and Entry.objects.filter(workspace=workspace, external_id=external_id, is_latest=True).exists()
+        ):
+            raise Conflict(f"external_id {external_id!r} already exists in this workspace")
+        targets = _link_targets(workspace, [link.to_id for link in link_list])
+        entry = Entry(
+            workspace=workspace,
+            content=content,
+            content_hash=content_hash(content),
+            status=Status.STAGED if staged_class else Status.ACTIVE,
+            staged_class=staged_class,
+            ttl_expires_at=created + timedelta(days=STAGED_TTL_DAYS[StagedClass(staged_class)])
+            if staged_class
+            else None,
+            created_at=created,
+            updated_at=now,
+            status_changed_at=created,
+            **values,
+        )
+        entry.save()
+        entry.lineage_id = entry.pk
+        entry.save(update_fields=["lineage_id"])
+        if tag_names:
+            entry.tags.set(tags_for_names(workspace, tag_names))
+        if anchor_list:
+            CodeAnchor.objects.bulk_create([a.row(entry) for a in anchor_list])
+        for link in link_list:
+            _link(entry, targets[link.to_id], link.type, actor=actor, now=now)
+        record_event(entry, from_status="", to_status=entry.status, reason="create", actor=actor, now=now)
+        _rescore(workspace, [entry.pk, *targets.values_ids()], now)
+    entry.refresh_from_db()
+    return entry
+
+
+class _Targets(dict[int, Entry]):
+    def values_ids(self) -> list[int]:
+        return [e.pk for e in self.values()]
+
+
+def _link_targets(workspace: Workspace, ids: Sequence[int]) -> _Targets:
+    """Latest versions for the given ids (an old version's id resolves to its lineage's latest)."""
+    found = _Targets()
+    if not ids:
+        return found
+    rows = {e.pk: e for e in Entry.objects.filter(workspace=workspace, pk__in=set(ids))}
+    missing = [i for i in ids if i not in rows]
+    if missing:
+        raise NotFound(f"entry {missing[0]} not found")
+    stale_lineages = {e.lineage_id for e in rows.values() if not e.is_latest}
+    latest = {
+        e.lineage_id: e
+        for e in Entry.objects.filter(workspace=workspace, lineage_id__in=stale_lineages, is_latest=True)
+    }
+    for i, e in rows.items():
+        target = e if e.is_latest else latest.get(e.lineage_id)
+        if target is None:
+            raise NotFound(f"entry {i} not found")
+        if target.status == Status.TOMBSTONED:
+            raise Conflict(f"entry {i} is tombstoned; restore it before linking")
+        found[i] = target
+    return found
+
+
+def _link(
+    source: Entry, target: Entry, type_: str, *, actor: str, now: datetime
+) -> tuple[Relationship, bool]:
+    if source.pk == target.pk:
+        raise InvalidInput("a memory cannot link to itself")
+    existing = Relationship.objects.filter(from_entry=source, to_entry=target, type=type_).first()
+    if existing is not None:
+        if existing.pruned_at is not None:
+            existing.pruned_at = None
+            existing.save(update_fields=["pruned_at"])
+        return existing, False
+    try:
+        with transaction.atomic():
+            rel = Relationship.objects.create(
+                workspace_id=source.workspace_id,
+                from_entry=source,
+                to_entry=target,
+                type=type_,
+                created_at=now,
+                created_by=actor,
+            )
+    except IntegrityError:  # a concurrent writer made the same link first
+        return Relationship.objects.get(from_entry=source, to_entry=target, type=type_), False
+    return rel, True
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    entry: Entry
+    new_version: bool
+    supersedes: int | None
+
+
+def entry_update(
+    *,
+    workspace: Workspace,
+    entry_id: Any,
+    actor: str = SYSTEM_ACTOR,
+    now: datetime | None = None,
+    content: str | None = None,
+    tags: Iterable[str] | None = None,
+    anchors: Iterable[Mapping[str, Any]] | None = None,
+    **fields: Any,
+) -> UpdateResult:
+    """Update the latest version of an entry.
+
+    Changed content adds a version: a new row with ``supersedes`` and the same lineage, the
+    old row kept with ``is_latest = false``; links, anchors (unless replaced), tags and access
+    history move to the new version, whose age starts now. Identical content changes the other
+    fields in place and leaves the decay clock (``created_at``) alone.
+    """
+    now = _now(now)
+    values = _validate_writable(fields)
+    tag_names = clean_tag_names(tags) if tags is not None else None
+    anchor_list = [AnchorIn.parse(a) for a in anchors] if anchors is not None else None
+    if content is not None:
+        content = _text(content, "content", CONTENT_MAX, required=True)
+
+    with transaction.atomic():
+        old = _latest_for_write(workspace, entry_id)
+        if old.status == Status.TOMBSTONED:
+            raise Conflict(f"entry {old.pk} is tombstoned; restore it before updating")
+        new_external = values.get("external_id")
+        if (
+            new_external
+            and new_external != old.external_id
+            and Entry.objects.filter(workspace=workspace, external_id=new_external, is_latest=True).exists()
+        ):
+            raise Conflict(f"external_id {new_external!r} already exists in this workspace")
+        changed = content is not None and content_hash(content) != old.content_hash
+        if not changed:
+            entry = old
+            for name, value in values.items():
+                setattr(entry, name, value)
+            entry.updated_at = now
+            entry.save(update_fields=[*values.keys(), "updated_at"])
+            if tag_names is not None:
+                entry.tags.set(tags_for_names(workspace, tag_names))
+            if anchor_list is not None:
+                entry.anchors.all().delete()
+                CodeAnchor.objects.bulk_create([a.row(entry) for a in anchor_list])
+            _rescore(workspace, [entry.pk], now)
+            entry.refresh_from_db()
+            return UpdateResult(entry=entry, new_version=False, supersedes=None)
+
+        assert content is not None
+        old_tags = list(old.tags.all()) if tag_names is None else tags_for_names(workspace, tag_names)
+        Entry.objects.filter(pk=old.pk).update(is_latest=False, updated_at=now)
+        new = Entry.objects.get(pk=old.pk)
+        new.pk = None
+        new.id = None
+        new._state.adding = True
+        for name, value in values.items():
+            setattr(new, name, value)
+        new.content = content
+        new.content_hash = content_hash(content)
+        new.supersedes_id = old.pk
+        new.is_latest = True
+        new.created_at = now
+        new.updated_at = now
+        new.review_kept_hash = ""
+        if old.status == Status.STALE:
+            # An update is activity: a stale memory that is being rewritten is in use again.
+            new.status = Status.ACTIVE
+            new.status_changed_at = now
+        new.save()
+        new.tags.set(old_tags)
+        Relationship.objects.filter(from_entry_id=old.pk).update(from_entry_id=new.pk)
+        Relationship.objects.filter(to_entry_id=old.pk).update(to_entry_id=new.pk)
+        if anchor_list is None:
+            CodeAnchor.objects.filter(entry_id=old.pk).update(entry_id=new.pk)
+        else:
+            CodeAnchor.objects.bulk_create([a.row(new) for a in anchor_list])
+        if new.status != old.status:
+            record_event(
+                new,
+                from_status=old.status,
+                to_status=new.status,
+                reason="update",
+                actor=actor,
+                now=now,
+            )
+        _rescore(workspace, [new.pk, *neighbour_ids([new.pk])], now)
+    new.refresh_from_db()
+    return UpdateResult(entry=new, new_version=True, supersedes=old.pk)
+
+
+def entry_tombstone(
+    *,
+    workspace: Workspace,
+    entry_id: Any,
+    reason: str = TombstoneReason.MANUAL,
+    actor: str = SYSTEM_ACTOR,
+    now: datetime | None = None,
+    run: Any = None,
+) -> Tombstone:
+    """Soft-delete the latest version: status tombstoned plus a Tombstone whose purge_after
+    is now + the workspace's purge grace. Nothing is removed until purge."""
+    now = _now(now)
+    _choice(reason, TombstoneReason.values, "reason")
+    with transaction.atomic():
+        entry = _latest_for_write(workspace, entry_id)
+        if entry.status == Status.TOMBSTONED:
+            raise Conflict(f"entry {entry.pk} is already tombstoned")
+        grace = MaintenancePolicy.for_workspace(workspace).purge_grace_days
+        tombstone = Tombstone.objects.create(
+            workspace=workspace,
+            entry=entry,
+            entry_ref=entry.pk,
+            lineage_ref=entry.lineage_id or entry.pk,
+            content_hash=entry.content_hash,
+            reason=reason,
+            previous_status=entry.status,
+            run=run,
+            actor=actor,
+            created_at=now,
+            purge_after=now + timedelta(days=grace),
+        )
+        _set_status(entry, Status.TOMBSTONED, reason=reason, actor=actor, now=now, run=run)
+        _rescore(workspace, [entry.pk, *neighbour_ids([entry.pk])], now)
+    return tombstone
+
+
+def restore_target(entry: Entry) -> str:
+    """The live status an entry returns to: the last staged/active status it left, else active."""
+    froms = (
+        LifecycleEvent.objects.filter(entry_ref=entry.pk, workspace_id=entry.workspace_id)
+        .order_by("-created_at", "-pk")
+        .values_list("from_status", flat=True)
+    )
+    for status in froms:
+        if status in (Status.STAGED, Status.ACTIVE):
+            return status
+    return Status.ACTIVE
+
+
+def entry_restore(
+    *,
+    workspace: Workspace,
+    entry_id: Any,
+    actor: str = SYSTEM_ACTOR,
+    now: datetime | None = None,
+    reason: str = "restore",
+) -> Entry:
+    """Bring a stale, archived or tombstoned entry back to its previous live status."""
+    now = _now(now)
+    with transaction.atomic():
+        entry = _latest_for_write(workspace, entry_id)
+        if entry.status not in (Status.STALE, Status.ARCHIVED, Status.TOMBSTONED):
+            raise Conflict(
+                f"entry {entry.pk} is {entry.status}; "
+                "only stale, archived or tombstoned entries can be restored"
+            )
+        target = restore_target(entry)
+        Tombstone.objects.filter(entry=entry, restored_at__isnull=True, purged_at__isnull=True).update(
+            restored_at=now
+        )
+        _set_status(entry, target, reason=reason, actor=actor, now=now)
+        _rescore(workspace, [entry.pk, *neighbour_ids([entry.pk])], now)
+    entry.refresh_from_db()
+    return entry
+
+
+def entry_set_status(
+    *,
+    workspace: Workspace,
+    entry_id: Any,
+    status: str,
+    reason: str,
+    actor: str = SYSTEM_ACTOR,
+    now: datetime | None = None,
+) -> Entry:
+    """An operator's manual archive (or other non-deleting transition) of one entry."""
+    now = _now(now)
+    _choice(status, [Status.ACTIVE, Status.STALE, Status.ARCHIVED], "status")
+    with transaction.atomic():
+        entry = _latest_for_write(workspace, entry_id)
+        if entry.status == Status.TOMBSTONED:
+            raise Conflict(f"entry {entry.pk} is tombstoned; restore it first")
+        if entry.status != status:
+            _set_status(entry, status, reason=reason, actor=actor, now=now)
+            _rescore(workspace, [entry.pk, *neighbour_ids([entry.pk])], now)
+    return entry
+
+
+def relationship_create(
+    *,
+    workspace: Workspace,
+    from_id: Any,
+    to_id: Any,
+    type: str = RelationshipType.REFERENCES,
+    actor: str = SYSTEM_ACTOR,
+    now: datetime | None = None,
+) -> tuple[Relationship, bool]:
+    """Link two entries of the workspace. Returns the link and whether it is new; an identical
+    (from, to, type) is reported, not duplicated. Ids of old versions resolve to the latest."""
+    now = _now(now)
+    _choice(type, RelationshipType.values, "type")
+    ids = []
+    for name, value in (("from_id", from_id), ("to_id", to_id)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidInput(f"{name}: must be an entry id")
+        ids.append(value)
+    if ids[0] == ids[1]:
+        raise InvalidInput("a memory cannot link to itself")
+    with transaction.atomic():
+        targets = _link_targets(workspace, ids)
+        rel, created = _link(targets[ids[0]], targets[ids[1]], type, actor=actor, now=now)
+        _rescore(workspace, [rel.from_entry_id, rel.to_entry_id], now)
+    return rel, created
+
+
+def relationship_delete(*, workspace: Workspace, relationship_id: Any, now: datetime | None = None) -> None:
+    now = _now(now)
+    with transaction.atomic():
+        rel = Relationship.objects.filter(
+            workspace=workspace, pk=_int_or_404(relationship_id, "relationship")
+        ).first()
+        if rel is None:
+            raise NotFound(f"relationship {relationship_id} not found")
+        ends = [rel.from_entry_id, rel.to_entry_id]
+        rel.delete()
+        _rescore(workspace, ends, now)
+
+
+def _int_or_404(value: Any, what: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise NotFound(f"{what} {value!r} not found") from None
+
+
+def entry_record_access(
+    *,
+    workspace: Workspace,
+    entry_id: Any,
+    actor: str,
+    dispatch: bool = False,
+    now: datetime | None = None,
+) -> Entry:
+    """An actor read the entry; ``dispatch`` means it was injected into a real agent context
+    (counts toward graduation). One counter row per (lineage, actor) gives readers."""
+    now = _now(now)
+    actor = _text(actor, "actor", 200, required=True)
+    with transaction.atomic():
+        entry = _latest_for_write(workspace, entry_id)
+        if entry.status == Status.TOMBSTONED:
+            raise Conflict(f"entry {entry.pk} is tombstoned")
+        Entry.objects.filter(pk=entry.pk).update(
+            access_count=F("access_count") + 1,
+            retrieval_count=F("retrieval_count") + (1 if dispatch else 0),
+            last_accessed_at=now,
+        )
+        updated = EntryAccess.objects.filter(lineage_id=entry.lineage_id, actor=actor).update(
+            count=F("count") + 1, last_at=now
+        )
+        if not updated:
+            EntryAccess.objects.create(
+                workspace=workspace,
+                lineage_id=entry.lineage_id,
+                actor=actor,
+                count=1,
+                first_at=now,
+                last_at=now,
+            )
+        entry.refresh_from_db()
+        if entry.status == Status.STALE:
+            _set_status(entry, Status.ACTIVE, reason="access", actor=actor, now=now)
+        _rescore(workspace, [entry.pk], now)
+    entry.refresh_from_db()
+    return entry
+
+
+def entry_reinforce(
+    *, workspace: Workspace, entry_id: Any, actor: str = SYSTEM_ACTOR, now: datetime | None = None
+) -> Entry:
+    """Mark the memory as confirmed useful (staged traces need this or two dispatches to graduate)."""
+    now = _now(now)
+    with transaction.atomic():
+        entry = _latest_for_write(workspace, entry_id)
+        if entry.status == Status.TOMBSTONED:
+            raise Conflict(f"entry {entry.pk} is tombstoned")
+        entry.reinforced_at = now
+        entry.updated_at = now
+        entry.save(update_fields=["reinforced_at", "updated_at"])
+        _rescore(workspace, [entry.pk], now)
+    entry.refresh_from_db()
+    return entry
+
+
+def entry_feedback(
+    *,
+    workspace: Workspace,
+    entry_id: Any,
+    signal: str,
+    actor: str = SYSTEM_ACTOR,
+    now: datetime | None = None,
+) -> Entry:
+    """Step salience by the signal (SPEC §2); stale/wrong also flag the entry for review."""
+    now = _now(now)
+    _choice(signal, FeedbackSignal.values, "signal")
+    with transaction.atomic():
+        entry = _latest_for_write(workspace, entry_id)
+        if entry.status == Status.TOMBSTONED:
+            raise Conflict(f"entry {entry.pk} is tombstoned")
+        default = MaintenancePolicy.for_workspace(workspace).salience_default
+        entry.salience = step_salience(entry.salience, signal, default=default)
+        entry.last_feedback = signal
+        entry.feedback_at = now
+        entry.updated_at = now
+        entry.save(update_fields=["salience", "last_feedback", "feedback_at", "updated_at"])
+        _rescore(workspace, [entry.pk], now)
+    entry.refresh_from_db()
+    return entry
+
+
+def entry_set_pinned(
+    *,
+    workspace: Workspace,
+    entry_id: Any,
+    pinned: bool,
+    actor: str = SYSTEM_ACTOR,
+    now: datetime | None = None,
+) -> Entry:
+    now = _now(now)
+    with transaction.atomic():
+        entry = _latest_for_write(workspace, entry_id)
+        if entry.pinned != pinned:
+            entry.pinned = pinned
+            entry.updated_at = now
+            entry.save(update_fields=["pinned", "updated_at"])
+    return entry
+
+
+__all__ = [
+    "LIVE_STATUSES",
+    "STAGED_TTL_DAYS",
+    "SYSTEM_ACTOR",
+    "api_key_create",
+    "content_hash",
+    "entry_create",
+    "entry_feedback",
+    "entry_record_access",
+    "entry_reinforce",
+    "entry_restore",
+    "entry_set_pinned",
+    "entry_tombstone",
+    "entry_update",
+    "relationship_create",
+    "relationship_delete",
+    "workspace_create",
+]

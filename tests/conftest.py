@@ -1,0 +1,21 @@
+from datetime import UTC, datetime
+
+import pytest
+
+from memory import services
+from memory.models import Workspace
+
+
+@pytest.fixture
+def now() -> datetime:
+    return datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def workspace(db) -> Workspace:
+    return services.workspace_create(slug="acme", name="Acme")
+
+
+@pytest.fixture
+def other_workspace(db) -> Workspace:
+    return services.workspace_create(slug="globex", name="Globex")
