@@ -156,6 +156,8 @@ STORAGES = {
 }
 # Without collectstatic (embedded mode) WhiteNoise serves straight from the finders.
 WHITENOISE_USE_FINDERS = DEBUG
+if DEBUG:
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns at start-up without it
 
 LOGIN_URL = "/admin/login/"
 LOGIN_REDIRECT_URL = "/console/"

@@ -39,7 +39,12 @@ class MaintenanceRunAdmin(admin.ModelAdmin):
 @admin.register(MaintenanceLease)
 class MaintenanceLeaseAdmin(admin.ModelAdmin):
     list_display = ["workspace", "holder", "run", "acquired_at", "renewed_at"]
+    list_filter = [("run", admin.EmptyFieldListFilter)]
     search_fields = ["workspace__slug", "holder"]
+    list_select_related = ["workspace", "run"]
+    # Claimed and renewed only by conditional UPDATEs in maintenance; a hand edit would break
+    # the one-run-per-workspace guarantee, so the admin shows leases without changing them.
+    readonly_fields = ["workspace", "holder", "run", "acquired_at", "renewed_at"]
 
 
 @admin.register(Dispute)
@@ -57,6 +62,7 @@ class DisputeAdmin(admin.ModelAdmin):
     list_filter = ["status", "resolution", "detected_by", "workspace"]
     search_fields = ["entry_a__content", "entry_b__content"]
     raw_id_fields = ["entry_a", "entry_b", "run"]
+    list_select_related = ["workspace"]
 
 
 @admin.register(Backup)
@@ -64,3 +70,4 @@ class BackupAdmin(admin.ModelAdmin):
     list_display = ["file_name", "workspace", "reason", "entry_count", "size_bytes", "created_at"]
     list_filter = ["reason", "workspace"]
     search_fields = ["file_name", "sha256"]
+    list_select_related = ["workspace"]

@@ -68,7 +68,9 @@ def importance_breakdown(
     significance = max(impact_score or 0.0, SIGNIFICANCE_FLOOR if significance_type else 0.0) * W_SIGNIFICANCE
     relationships = min(relationship_count / RELATIONSHIPS_CAP, 1.0) * W_RELATIONSHIPS
     causal = min(causal_count / CAUSAL_CAP, 1.0) * W_CAUSAL
-    recency = max(0.0, 1.0 - age_days / RECENCY_DAYS) * W_RECENCY
+    # Negative ages (clock skew, future-dated imports) clamp to 0 here as they do in retention,
+    # so a future-dated entry never outranks a brand-new one.
+    recency = max(0.0, 1.0 - max(age_days, 0.0) / RECENCY_DAYS) * W_RECENCY
     anchor = ANCHOR_MULTIPLIER.get(anchor_status, 1.0)
     trust = TRUST_BASE + (trust_score if trust_score is not None else TRUST_DEFAULT)
     trust += VALIDATION_BONUS.get(validation_status, 0.0)

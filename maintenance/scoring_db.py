@@ -85,6 +85,15 @@ def _count(qs: QuerySet[Any], group: str) -> Coalesce:
     return Coalesce(Subquery(subquery), 0)
 
 
+# PostgreSQL raises "value out of range: underflow" for exp() of a large negative number where
+# Python returns 0.0; e^-600 ≈ 3e-261 is 0 for every purpose here and keeps both sides in step.
+EXP_FLOOR = -600.0
+
+
+def _exp(expr: Any) -> Exp:
+    return Exp(Greatest(expr, _f(EXP_FLOOR)))
+
+
 def _age_days(column: str, now_epoch: float) -> Greatest:
     return Greatest(_f(0.0), (_f(now_epoch) - EpochSeconds(F(column))) / _f(SECONDS_PER_DAY))
 
@@ -166,12 +175,12 @@ def readers_expr() -> Coalesce:
 
 def retention_expr(now_epoch: float, params: DecayParams) -> Any:
     salience = Coalesce(F("salience"), _f(params.salience_default))
-    time_term = salience * Exp(_f(-params.lam) * _age_days("created_at", now_epoch))
+    time_term = salience * _exp(_f(-params.lam) * _age_days("created_at", now_epoch))
     breadth = _f(1.0) + _f(params.breadth_weight) * Ln(Greatest(_float(readers_expr()), _f(1.0)))
     access_term = (
         _f(params.sigma)
         * Ln(_f(1.0) + _float(F("access_count")))
-        * Exp(_f(-params.mu) * _age_days("last_accessed_at", now_epoch))
+        * _exp(_f(-params.mu) * _age_days("last_accessed_at", now_epoch))
         * breadth
     )
     return time_term + Case(

@@ -216,7 +216,7 @@ class EntryQuerySet(models.QuerySet["Entry"]):
     def of(self, workspace: Workspace | int) -> EntryQuerySet:
         return self.filter(workspace=workspace)
 
-    def latest(self) -> EntryQuerySet:
+    def latest_versions(self) -> EntryQuerySet:
         return self.filter(is_latest=True)
 
     def live(self) -> EntryQuerySet:

@@ -24,7 +24,13 @@ def membership_role(user: Any, workspace: Workspace) -> str | None:
 
 def status_counts(workspace: Workspace) -> dict[str, int]:
     """Latest entries of a workspace by status, in one query."""
-    rows = Entry.objects.of(workspace).latest().values("status").annotate(n=Count("id")).order_by("status")
+    rows = (
+        Entry.objects.of(workspace)
+        .latest_versions()
+        .values("status")
+        .annotate(n=Count("id"))
+        .order_by("status")
+    )
     return {row["status"]: row["n"] for row in rows}
 
 

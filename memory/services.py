@@ -8,11 +8,12 @@ change, and refreshes the stored scores of every entry whose score inputs it cha
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -66,6 +67,7 @@ TAG_MAX = 100
 TAGS_PER_ENTRY_MAX = 50
 ANCHORS_PER_ENTRY_MAX = 100
 LINKS_PER_WRITE_MAX = 100
+INT32_MAX = 2_147_483_647  # PositiveIntegerField on PostgreSQL
 
 
 # --- small helpers ------------------------------------------------------------------------
@@ -96,7 +98,7 @@ def _now(now: datetime | None) -> datetime:
 def _choice(value: Any, choices: Iterable[str], field: str, *, allow_none: bool = False) -> Any:
     if value is None and allow_none:
         return None
-    if value not in set(choices):
+    if not isinstance(value, str) or value not in set(choices):
         raise InvalidInput(f"{field}: {value!r} is not one of {sorted(choices)}")
     return value
 
@@ -131,6 +133,8 @@ def clean_tag_names(tags: Iterable[Any] | None) -> list[str]:
         if not isinstance(raw, str):
             raise InvalidInput("tags: every tag must be a string")
         name = raw.strip()
+        if "\x00" in name:
+            raise InvalidInput("tags: must not contain NUL characters")
         if not name:
             continue
         if len(name) > TAG_MAX:
@@ -325,7 +329,9 @@ class AnchorIn:
         lines = []
         for name in ("line_start", "line_end"):
             value = data.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT32_MAX
+            ):
                 raise InvalidInput(f"anchors.{name}: must be a positive integer")
             lines.append(value)
         if lines[0] is not None and lines[1] is not None and lines[1] < lines[0]:
@@ -395,7 +401,7 @@ def _datetime(value: Any, field: str) -> datetime | None:
     if not isinstance(value, datetime):
         raise InvalidInput(f"{field}: must be a datetime")
     if timezone.is_naive(value):
-        value = timezone.make_aware(value, timezone.UTC)
+        value = timezone.make_aware(value, UTC)
     return value
 
 
@@ -404,6 +410,9 @@ def _mapping(value: Any, field: str) -> dict[str, Any]:
         return {}
     if not isinstance(value, Mapping):
         raise InvalidInput(f"{field}: must be an object")
+    # PostgreSQL's jsonb refuses NUL characters anywhere in the document.
+    if "\\u0000" in json.dumps(value):
+        raise InvalidInput(f"{field}: must not contain NUL characters")
     return dict(value)
 
 
@@ -816,13 +825,14 @@ def entry_record_access(
             retrieval_count=F("retrieval_count") + (1 if dispatch else 0),
             last_accessed_at=now,
         )
-        updated = EntryAccess.objects.filter(lineage_id=entry.lineage_id, actor=actor).update(
+        lineage = entry.lineage_id or entry.pk
+        updated = EntryAccess.objects.filter(lineage_id=lineage, actor=actor).update(
             count=F("count") + 1, last_at=now
         )
         if not updated:
             EntryAccess.objects.create(
                 workspace=workspace,
-                lineage_id=entry.lineage_id,
+                lineage_id=lineage,
                 actor=actor,
                 count=1,
                 first_at=now,

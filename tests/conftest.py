@@ -19,3 +19,9 @@ def workspace(db) -> Workspace:
 @pytest.fixture
 def other_workspace(db) -> Workspace:
     return services.workspace_create(slug="globex", name="Globex")
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hasher(settings):
+    # The default PBKDF2 hasher costs about a second per password; tests don't need that.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
