@@ -58,6 +58,8 @@ def clamp_value(name: str, value: Any) -> float | int:
     else:
         try:
             number = float(value)
+        except OverflowError:  # an integer too large for a float is finite: clamp it
+            number = float(limit.high if value > 0 else limit.low)
         except (TypeError, ValueError):
             number = None
     if number is None or not math.isfinite(number):

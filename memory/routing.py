@@ -1,6 +1,8 @@
-"""Websocket routes. The live-update consumers of the console join here (operator console
-issue); the ASGI router already serves the websocket protocol."""
+from django.urls import path, re_path
 
-from django.urls import URLPattern
+from memory.consumers import NotFoundConsumer, WorkspaceLiveConsumer, WorkspaceMembershipMiddleware
 
-websocket_urlpatterns: list[URLPattern] = []
+websocket_urlpatterns = [
+    path("ws/workspaces/<slug:slug>/", WorkspaceMembershipMiddleware(WorkspaceLiveConsumer.as_asgi())),
+    re_path(r"", NotFoundConsumer.as_asgi()),
+]

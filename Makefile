@@ -1,0 +1,42 @@
+# Two commands: `make run` serves the whole product on embedded SQLite; `make test` runs the
+# suite on SQLite and, when TEST_DATABASE_URL or DATABASE_URL names one, again on PostgreSQL.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test test-sqlite test-postgres lint demo clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is needed: run make PYTHON=python3.11 ...")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py setup_demo
+	$(BIN)/python manage.py serve
+
+test: install test-sqlite test-postgres
+
+test-sqlite: install
+	env -u DATABASE_URL $(BIN)/python -m pytest
+
+test-postgres: install
+	@url="$${TEST_DATABASE_URL:-$${DATABASE_URL:-}}"; \
+	case "$$url" in \
+	  postgres*) echo "== PostgreSQL: $$url"; DATABASE_URL="$$url" $(BIN)/python -m pytest -p no:cacheprovider ;; \
+	  *) echo "== PostgreSQL run skipped: set TEST_DATABASE_URL=postgres://... to run the suite there too" ;; \
+	esac
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy .
+	env -u DATABASE_URL $(BIN)/python manage.py makemigrations --check --dry-run
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,157 @@
+"""The product serves for real: `manage.py serve` under uvicorn (the ASGI app `make run` uses),
+against its own migrated SQLite file, answering pages, API, static files and websockets."""
+
+import asyncio
+import http.cookiejar
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import websockets
+import websockets.exceptions
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    db = tmp_path_factory.mktemp("serve") / "db.sqlite3"
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}", "BACKUP_DIR": str(db.parent / "backups")}
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    demo = subprocess.run(
+        [sys.executable, "manage.py", "setup_demo"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--no-scheduler", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{base}/api/v1/health", timeout=1)
+            break
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail(f"server did not start: {proc.stdout.read().decode() if proc.stdout else ''}")
+    yield {"base": base, "port": port, "demo_output": demo.stdout, "env": env}
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def _get(url: str):
+    opener = urllib.request.build_opener(_NoRedirect)
+    try:
+        return opener.open(url, timeout=5)
+    except urllib.error.HTTPError as exc:
+        return exc
+
+
+def test_it_serves_the_api_and_its_docs_without_a_cdn(server):
+    assert _get(f"{server['base']}/api/v1/health").status == 200
+    docs = _get(f"{server['base']}/api/v1/docs")
+    assert docs.status == 200
+    html = docs.read().decode()
+    assert "/static/ninja/swagger-ui-bundle.js" in html
+    assert "cdn" not in html.lower()
+    assert _get(f"{server['base']}/static/ninja/swagger-ui-bundle.js").status == 200
+    assert _get(f"{server['base']}/api/v1/openapi.json").status == 200
+
+
+def test_it_serves_admin_with_its_static_files(server):
+    assert _get(f"{server['base']}/admin/login/").status == 200
+    assert _get(f"{server['base']}/static/admin/css/base.css").status == 200
+
+
+def test_the_console_asks_for_a_login(server):
+    response = _get(f"{server['base']}/console/")
+    assert response.status == 302
+    assert response.headers["Location"].startswith("/admin/login/")
+
+
+def _login_cookie(server) -> str:
+    """Log in through the real admin login form; return the Cookie header of the session."""
+    password = server["demo_output"].split("with password: ")[1].split()[0]
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    form = opener.open(f"{server['base']}/admin/login/", timeout=5).read().decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form).group(1)
+    data = urllib.parse.urlencode(
+        {"csrfmiddlewaretoken": token, "username": "operator", "password": password, "next": "/console/"}
+    ).encode()
+    opener.open(f"{server['base']}/admin/login/", data=data, timeout=5)
+    cookies = {c.name: c.value for c in jar}
+    assert "sessionid" in cookies, "login failed"
+    return "; ".join(f"{k}={v}" for k, v in cookies.items())
+
+
+def _handshake(server, path: str, cookie: str | None = None) -> str:
+    async def run() -> str:
+        uri = f"ws://127.0.0.1:{server['port']}{path}"
+        headers = {"Cookie": cookie} if cookie else {}
+        try:
+            async with websockets.connect(
+                uri, origin=f"http://127.0.0.1:{server['port']}", additional_headers=headers
+            ) as ws:
+                await ws.ping()
+                return "open"
+        except websockets.exceptions.InvalidStatus as refused:
+            return f"refused {refused.response.status_code}"
+
+    return asyncio.run(run())
+
+
+def test_members_get_a_live_websocket_and_strangers_are_refused(server):
+    # Through the real server: the ASGI server, the Channels router, session auth and the
+    # membership check all take part in the handshake.
+    assert _handshake(server, "/ws/workspaces/demo/") == "refused 403"
+    assert _handshake(server, "/ws/nowhere/") == "refused 403"
+    cookie = _login_cookie(server)
+    assert _handshake(server, "/ws/workspaces/demo/", cookie) == "open"
+    assert _handshake(server, "/ws/workspaces/no-such-workspace/", cookie) == "refused 403"
+
+
+def test_setup_demo_prints_a_generated_password_once_and_is_idempotent(server):
+    assert "with password: " in server["demo_output"]
+    password = server["demo_output"].split("with password: ")[1].split()[0]
+    assert len(password) >= 12
+    again = subprocess.run(
+        [sys.executable, "manage.py", "setup_demo"],
+        cwd=ROOT,
+        env=server["env"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert password not in again.stdout
+    assert "Demo ready" in again.stdout
