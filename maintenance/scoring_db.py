@@ -6,7 +6,7 @@ sweep refreshes stored scores with one UPDATE per batch instead of one query per
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -197,6 +197,7 @@ def refresh_scores(
     params: DecayParams | None = None,
     ids: Iterable[int] | None = None,
     batch_size: int = BATCH_SIZE,
+    on_batch: Callable[[], None] | None = None,
 ) -> int:
     """Recompute stored importance and retention of the latest entries of one workspace
     (all of them, or those among ``ids``), one UPDATE per batch of ids, one transaction per
@@ -225,6 +226,8 @@ def refresh_scores(
                 retention=retention_expr(now_epoch, params),
                 scored_at=now,
             )
+        if on_batch is not None:
+            on_batch()
     return scored
 
 

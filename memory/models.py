@@ -413,6 +413,9 @@ class Relationship(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     created_by = models.CharField(max_length=200, blank=True)
     pruned_at = models.DateTimeField(null=True, blank=True, help_text="Deactivated by maintenance")
+    pruned_by_run = models.ForeignKey(
+        "maintenance.MaintenanceRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         constraints = [
@@ -523,6 +526,7 @@ class LifecycleEvent(models.Model):
     reverts = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reverted_by"
     )
+    reverted_at = models.DateTimeField(null=True, blank=True, help_text="When this change was undone")
     created_at = models.DateTimeField(default=timezone.now)
     details = models.JSONField(default=dict, blank=True)
 

@@ -108,9 +108,13 @@ def _unit(value: Any, field: str, low: float = 0.0, high: float = 1.0) -> float 
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{field}: must be a number between {low} and {high}")
-    if not (low <= float(value) <= high):
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        raise InvalidInput(f"{field}: is outside {low}..{high}") from None
+    if not (low <= number <= high):
         raise InvalidInput(f"{field}: {value} is outside {low}..{high}")
-    return float(value)
+    return number
 
 
 def _text(value: Any, field: str, max_len: int, *, required: bool = False) -> str:
@@ -697,8 +701,13 @@ def entry_tombstone(
 
 def restore_target(entry: Entry) -> str:
     """The live status an entry returns to: the last staged/active status it left, else active."""
+    # The whole lineage: a version made while archived has no event of its own leaving staged.
+    versions = Entry.objects.filter(workspace_id=entry.workspace_id, lineage_id=entry.lineage_id or entry.pk)
     froms = (
-        LifecycleEvent.objects.filter(entry_ref=entry.pk, workspace_id=entry.workspace_id)
+        LifecycleEvent.objects.filter(
+            Q(entry_ref=entry.pk) | Q(entry_ref__in=versions.values("pk")),
+            workspace_id=entry.workspace_id,
+        )
         .order_by("-created_at", "-pk")
         .values_list("from_status", flat=True)
     )
@@ -898,6 +907,7 @@ def entry_set_pinned(
     now: datetime | None = None,
 ) -> Entry:
     now = _now(now)
+    _bool(pinned, "pinned")
     with transaction.atomic():
         entry = _latest_for_write(workspace, entry_id)
         if entry.pinned != pinned:

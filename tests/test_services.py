@@ -233,7 +233,10 @@ def test_several_links_at_create_are_all_counted(workspace, now):
         workspace,
         now,
         "hub",
-        links=[{"to_id": t.pk, "type": kind} for t, kind in zip(targets, ["caused", "blocked_by", "clarifies"])],
+        links=[
+            {"to_id": t.pk, "type": kind}
+            for t, kind in zip(targets, ["caused", "blocked_by", "clarifies"], strict=True)
+        ],
     )
     assert source.importance == pytest.approx(hand_importance(source, links=3, causal=2), abs=1e-9)
     for t in targets:
@@ -610,7 +613,9 @@ def test_tombstone_records_the_soft_deletion_and_keeps_the_row(workspace, now):
     stored = reload(entry)
     assert (stored.status, stored.status_changed_at, stored.content) == ("tombstoned", now, "to forget")
     assert events_of(entry) == [("", "active", "create"), ("active", "tombstoned", "api")]
-    assert LifecycleEvent.objects.filter(entry_ref=entry.pk, to_status="tombstoned").get().actor == "key:msk_1"
+    assert (
+        LifecycleEvent.objects.filter(entry_ref=entry.pk, to_status="tombstoned").get().actor == "key:msk_1"
+    )
 
 
 def test_tombstone_uses_the_policy_tombstone_grace(workspace, now):
@@ -631,7 +636,9 @@ def test_tombstone_uses_hard_delete_older_than_days_when_it_is_set(workspace, no
 
 def test_tombstoning_an_archived_entry_records_archived_as_previous_status(workspace, now):
     entry = make(workspace, now)
-    services.entry_set_status(workspace=workspace, entry_id=entry.pk, status="archived", reason="manual", now=now)
+    services.entry_set_status(
+        workspace=workspace, entry_id=entry.pk, status="archived", reason="manual", now=now
+    )
     later = now + timedelta(days=1)
     tombstone = services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=later)
     assert tombstone.previous_status == "archived"
@@ -706,7 +713,9 @@ def test_restoring_brings_back_the_neighbours_importance(workspace, now):
 
 def test_restoring_an_archived_entry_makes_it_active(workspace, now):
     entry = make(workspace, now)
-    services.entry_set_status(workspace=workspace, entry_id=entry.pk, status="archived", reason="manual", now=now)
+    services.entry_set_status(
+        workspace=workspace, entry_id=entry.pk, status="archived", reason="manual", now=now
+    )
     assert reload(entry).archived_at == now
     restored = services.entry_restore(workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=1))
     assert (restored.status, restored.archived_at) == ("active", None)
@@ -721,7 +730,9 @@ def test_restoring_a_stale_entry_makes_it_active(workspace, now):
 
 def test_a_staged_entry_that_was_archived_returns_to_staged(workspace, now):
     entry = make(workspace, now, staged_class="evidence")
-    services.entry_set_status(workspace=workspace, entry_id=entry.pk, status="archived", reason="ttl", now=now)
+    services.entry_set_status(
+        workspace=workspace, entry_id=entry.pk, status="archived", reason="ttl", now=now
+    )
     restored = services.entry_restore(workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=1))
     assert restored.status == "staged"
 
@@ -776,7 +787,9 @@ def test_set_status_refuses_tombstoned_entries_and_unknown_statuses(workspace, n
         )
     services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
     with pytest.raises(Conflict):
-        services.entry_set_status(workspace=workspace, entry_id=entry.pk, status="active", reason="x", now=now)
+        services.entry_set_status(
+            workspace=workspace, entry_id=entry.pk, status="active", reason="x", now=now
+        )
     assert reload(entry).status == "tombstoned"
 
 
@@ -789,7 +802,12 @@ def test_link_creates_a_relationship_and_rescores_both_ends(workspace, now):
         workspace=workspace, from_id=a.pk, to_id=b.pk, type="blocked_by", actor="user:x", now=now
     )
     assert created is True
-    assert (rel.from_entry_id, rel.to_entry_id, rel.type, rel.created_by) == (a.pk, b.pk, "blocked_by", "user:x")
+    assert (rel.from_entry_id, rel.to_entry_id, rel.type, rel.created_by) == (
+        a.pk,
+        b.pk,
+        "blocked_by",
+        "user:x",
+    )
     for e in (a, b):
         assert reload(e).importance == pytest.approx(0.15 + 0.07 + 0.2 / 3, abs=1e-9)
 
@@ -885,7 +903,9 @@ def test_linking_an_archived_entry_is_allowed(workspace, now):
     services.entry_set_status(
         workspace=workspace, entry_id=archived.pk, status="archived", reason="manual", now=now
     )
-    _, created = services.relationship_create(workspace=workspace, from_id=live.pk, to_id=archived.pk, now=now)
+    _, created = services.relationship_create(
+        workspace=workspace, from_id=live.pk, to_id=archived.pk, now=now
+    )
     assert created
 
 
@@ -903,7 +923,9 @@ def test_malformed_link_requests_are_invalid(workspace, now, from_id, to_id, typ
 
 def test_deleting_a_link_removes_it_and_lowers_importance(workspace, now):
     a, b = make(workspace, now, "a"), make(workspace, now, "b")
-    rel, _ = services.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, type="caused", now=now)
+    rel, _ = services.relationship_create(
+        workspace=workspace, from_id=a.pk, to_id=b.pk, type="caused", now=now
+    )
     later = now + timedelta(hours=2)
     services.relationship_delete(workspace=workspace, relationship_id=rel.pk, now=later)
     assert not Relationship.objects.exists()
@@ -1113,7 +1135,9 @@ def test_pin_and_unpin(workspace, now):
 def test_pinning_an_already_pinned_entry_changes_nothing(workspace, now):
     entry = make(workspace, now, pinned=True)
     before = snapshot()
-    services.entry_set_pinned(workspace=workspace, entry_id=entry.pk, pinned=True, now=now + timedelta(days=1))
+    services.entry_set_pinned(
+        workspace=workspace, entry_id=entry.pk, pinned=True, now=now + timedelta(days=1)
+    )
     assert snapshot() == before
 
 
@@ -1139,7 +1163,9 @@ def _scoped_calls():
         "update fields": lambda ws, ids, now: services.entry_update(
             workspace=ws, entry_id=ids["live"], title="hijacked", now=now
         ),
-        "tombstone": lambda ws, ids, now: services.entry_tombstone(workspace=ws, entry_id=ids["live"], now=now),
+        "tombstone": lambda ws, ids, now: services.entry_tombstone(
+            workspace=ws, entry_id=ids["live"], now=now
+        ),
         "restore": lambda ws, ids, now: services.entry_restore(workspace=ws, entry_id=ids["dead"], now=now),
         "set status": lambda ws, ids, now: services.entry_set_status(
             workspace=ws, entry_id=ids["live"], status="archived", reason="manual", now=now
@@ -1156,7 +1182,9 @@ def _scoped_calls():
         "access": lambda ws, ids, now: services.entry_record_access(
             workspace=ws, entry_id=ids["live"], actor="intruder", dispatch=True, now=now
         ),
-        "reinforce": lambda ws, ids, now: services.entry_reinforce(workspace=ws, entry_id=ids["live"], now=now),
+        "reinforce": lambda ws, ids, now: services.entry_reinforce(
+            workspace=ws, entry_id=ids["live"], now=now
+        ),
         "feedback": lambda ws, ids, now: services.entry_feedback(
             workspace=ws, entry_id=ids["live"], signal="wrong", now=now
         ),

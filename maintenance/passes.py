@@ -1,0 +1,530 @@
+"""The passes of a maintenance run (SPEC §4.1), one short set-based function each.
+
+Every pass reads its candidates in batches of ids (keyset pagination), and changes each batch
+in one transaction together with its LifecycleEvents (and Tombstones), so a run killed at any
+point leaves no half-applied batch. No pass issues a query per entry. Each returns a
+``PassResult`` with its count and the ids it changed.
+
+Protection rules (SPEC §3) live in ``unprotected`` and ``not_high_value``; every pass that
+archives or tombstones goes through them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Case, Exists, F, OuterRef, Q, QuerySet, Value, When
+from django.db.models.functions import Coalesce, Least
+
+from maintenance.policy import PolicyValues
+from maintenance.scoring_db import refresh_scores
+from memory.models import (
+    MANAGED_SOURCES,
+    Entry,
+    EntryAccess,
+    EntryType,
+    LifecycleEvent,
+    Relationship,
+    StagedClass,
+    Status,
+    Tag,
+    Tier,
+    Tombstone,
+    TombstoneReason,
+    Workspace,
+)
+
+BATCH_SIZE = 500
+GRADUATING_CLASSES = (StagedClass.PROCEDURAL, StagedClass.CONCEPTUAL, StagedClass.REFERENCE)
+GRADUATION_TAGS = ("consolidated", "graduated")
+ORPHAN_IMPORTANCE = 0.2
+HIGH_VALUE_IMPACT = 0.5
+
+
+class LeaseLost(Exception):
+    """Our maintenance lease expired and was taken over; stop before the next batch."""
+
+
+@dataclass
+class RunContext:
+    workspace: Workspace
+    now: datetime
+    policy: PolicyValues
+    run: Any  # MaintenanceRun
+    actor: str = "system"
+    batch_size: int = BATCH_SIZE
+    renew: Callable[[], bool] = lambda: True
+    # Called once, before the first batch of a destructive pass that changes a row.
+    before_destructive: Callable[[], None] = lambda: None
+
+    def heartbeat(self) -> None:
+        if not self.renew():
+            raise LeaseLost(f"lease of workspace {self.workspace.slug} was lost")
+
+
+@dataclass
+class PassResult:
+    count: int = 0
+    ids: list[int] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --- predicates ---------------------------------------------------------------------------
+
+
+def latest(ctx: RunContext) -> QuerySet[Entry]:
+    return Entry.objects.filter(workspace=ctx.workspace, is_latest=True)
+
+
+def unprotected(qs: QuerySet[Entry], ctx: RunContext, *, honour_pin: bool = True) -> QuerySet[Entry]:
+    """Entries automation may archive or tombstone: managed source, not constitutional, none of
+    the excluded tags, and (unless a writer's TTL overrides it) not pinned."""
+    qs = qs.filter(source__in=MANAGED_SOURCES).exclude(tier=Tier.CONSTITUTIONAL)
+    if honour_pin:
+        qs = qs.filter(pinned=False)
+    if ctx.policy.exclude_tags:
+        excluded = Entry.tags.through.objects.filter(
+            entry_id=OuterRef("pk"), tag__name__in=list(ctx.policy.exclude_tags)
+        )
+        qs = qs.exclude(Exists(excluded))
+    return qs
+
+
+def live_link_exists() -> Exists | Any:
+    """An active (not pruned) link, in either direction, to a latest entry that is not
+    tombstoned."""
+    out = Relationship.objects.filter(
+        from_entry=OuterRef("pk"), pruned_at__isnull=True, to_entry__is_latest=True
+    ).exclude(to_entry__status=Status.TOMBSTONED)
+    inc = Relationship.objects.filter(
+        to_entry=OuterRef("pk"), pruned_at__isnull=True, from_entry__is_latest=True
+    ).exclude(from_entry__status=Status.TOMBSTONED)
+    return Exists(out) | Exists(inc)
+
+
+def not_high_value(qs: QuerySet[Entry]) -> QuerySet[Entry]:
+    """High-value entries (significance set, impact ≥ 0.5, or a live link) may be archived but
+    are never tombstoned automatically."""
+    return (
+        qs.filter(Q(significance_type__isnull=True) | Q(significance_type=""))
+        .filter(Q(impact_score__isnull=True) | Q(impact_score__lt=HIGH_VALUE_IMPACT))
+        .exclude(live_link_exists())
+    )
+
+
+# --- the generic transition ---------------------------------------------------------------
+
+
+def transition(
+    ctx: RunContext,
+    candidates: QuerySet[Entry],
+    *,
+    to_status: str,
+    reason: str,
+    tombstone_reason: str | None = None,
+    destructive: bool = False,
+    detail_fields: tuple[str, ...] = (),
+) -> PassResult:
+    """Move every candidate to ``to_status`` in batches: one transaction per batch holding the
+    status UPDATE, the LifecycleEvents and (for tombstones) the Tombstone rows."""
+    result = PassResult()
+    last = 0
+    grace = timedelta(days=ctx.policy.purge_grace_days)
+    while True:
+        with transaction.atomic():
+            rows = list(
+                candidates.filter(pk__gt=last)
+                .select_for_update(of=("self",))
+                .order_by("pk")
+                .values("pk", "status", "lineage_id", "content_hash", *detail_fields)[: ctx.batch_size]
+            )
+            if not rows:
+                break
+            if detail_fields:
+                result.extra.setdefault("rows", []).extend(
+                    {"id": r["pk"], **{f: r[f] for f in detail_fields}} for r in rows
+                )
+            if destructive and not result.ids:
+                ctx.before_destructive()
+            last = rows[-1]["pk"]
+            ids = [r["pk"] for r in rows]
+            changes: dict[str, Any] = {"status": to_status, "status_changed_at": ctx.now}
+            if to_status == Status.ARCHIVED:
+                changes["archived_at"] = ctx.now
+            Entry.objects.filter(pk__in=ids).update(**changes)
+            _events(ctx, rows, to_status=to_status, reason=reason)
+            if tombstone_reason:
+                Tombstone.objects.bulk_create(
+                    Tombstone(
+                        workspace=ctx.workspace,
+                        entry_id=r["pk"],
+                        entry_ref=r["pk"],
+                        lineage_ref=r["lineage_id"] or r["pk"],
+                        content_hash=r["content_hash"],
+                        reason=tombstone_reason,
+                        previous_status=r["status"],
+                        run=ctx.run,
+                        actor=ctx.actor,
+                        created_at=ctx.now,
+                        purge_after=ctx.now + grace,
+                    )
+                    for r in rows
+                )
+            result.ids += ids
+        ctx.heartbeat()
+    result.count = len(result.ids)
+    return result
+
+
+def _days_ago(ctx: RunContext, days: float) -> datetime:
+    return ctx.now - timedelta(days=days)
+
+
+# --- the passes -----------------------------------------------------------------------------
+
+
+def score(ctx: RunContext) -> PassResult:
+    """1. Refresh importance and retention of every latest entry."""
+    n = refresh_scores(
+        ctx.workspace,
+        now=ctx.now,
+        params=ctx.policy.decay_params,
+        batch_size=ctx.batch_size * 2,
+        on_batch=ctx.heartbeat,
+    )
+    return PassResult(count=n)
+
+
+def graduate_staged(ctx: RunContext) -> PassResult:
+    """2. Staged procedural/conceptual/reference traces that proved useful (reinforced, or
+    dispatched into an agent's context at least twice) become active lessons."""
+    candidates = (
+        latest(ctx)
+        .filter(status=Status.STAGED, staged_class__in=GRADUATING_CLASSES)
+        .filter(Q(reinforced_at__isnull=False) | Q(retrieval_count__gte=2))
+    )
+    result = PassResult()
+    tags = _tags(ctx.workspace, GRADUATION_TAGS)
+    last = 0
+    while True:
+        with transaction.atomic():
+            rows = list(
+                candidates.filter(pk__gt=last)
+                .select_for_update(of=("self",))
+                .order_by("pk")
+                .values("pk", "status")[: ctx.batch_size]
+            )
+            if not rows:
+                break
+            last = rows[-1]["pk"]
+            ids = [r["pk"] for r in rows]
+            Entry.objects.filter(pk__in=ids).update(
+                status=Status.ACTIVE,
+                status_changed_at=ctx.now,
+                trust_score=Least(Coalesce(F("trust_score"), Value(0.5)) + Value(0.25), Value(0.9)),
+                impact_score=Least(Coalesce(F("impact_score"), Value(0.0)) + Value(0.15), Value(0.9)),
+                entry_type=Case(
+                    When(
+                        staged_class__in=[StagedClass.PROCEDURAL, StagedClass.CONCEPTUAL],
+                        then=Value(EntryType.LESSON),
+                    ),
+                    default=F("entry_type"),
+                ),
+            )
+            Entry.tags.through.objects.bulk_create(
+                [Entry.tags.through(entry_id=i, tag_id=t.pk) for i in ids for t in tags],
+                ignore_conflicts=True,
+            )
+            _events(ctx, rows, to_status=Status.ACTIVE, reason="graduate")
+            result.ids += ids
+        ctx.heartbeat()
+    result.count = len(result.ids)
+    return result
+
+
+def expire_staged(ctx: RunContext) -> PassResult:
+    """3. Staged traces never reinforced whose TTL has passed are archived."""
+    candidates = unprotected(
+        latest(ctx).filter(status=Status.STAGED, reinforced_at__isnull=True, ttl_expires_at__lte=ctx.now), ctx
+    )
+    return transition(ctx, candidates, to_status=Status.ARCHIVED, reason="staged_expiry")
+
+
+def mark_stale(ctx: RunContext) -> PassResult:
+    """4. Active managed unprotected entries with no access and no update for
+    stale_after_days become stale."""
+    cutoff = _days_ago(ctx, ctx.policy.stale_after_days)
+    candidates = unprotected(
+        latest(ctx)
+        .filter(status=Status.ACTIVE, created_at__lt=cutoff, updated_at__lt=cutoff)
+        .filter(Q(last_accessed_at__isnull=True) | Q(last_accessed_at__lt=cutoff)),
+        ctx,
+    )
+    return transition(ctx, candidates, to_status=Status.STALE, reason="stale")
+
+
+def archive(ctx: RunContext, *, stale_part: bool = True) -> PassResult:
+    """5. Stale for archive_after_days → archived; and, when archive_older_than_days > 0,
+    older than that with importance below the threshold → archived."""
+    result = PassResult()
+    if stale_part:
+        stale = unprotected(
+            latest(ctx).filter(
+                status=Status.STALE, status_changed_at__lte=_days_ago(ctx, ctx.policy.archive_after_days)
+            ),
+            ctx,
+        )
+        result.ids += transition(ctx, stale, to_status=Status.ARCHIVED, reason="archive").ids
+    if ctx.policy.archive_older_than_days > 0:
+        old = unprotected(
+            latest(ctx).filter(
+                status__in=[Status.ACTIVE, Status.STALE],
+                created_at__lt=_days_ago(ctx, ctx.policy.archive_older_than_days),
+                importance__lt=ctx.policy.importance_threshold,
+            ),
+            ctx,
+        )
+        result.ids += transition(ctx, old, to_status=Status.ARCHIVED, reason="archive").ids
+    result.count = len(result.ids)
+    return result
+
+
+def archive_low_quality(ctx: RunContext) -> PassResult:
+    """6. Slot of the hygiene pass (automatic low-quality archive), filled by the quality
+    passes; until then it changes nothing."""
+    return PassResult()
+
+
+def compact(ctx: RunContext) -> PassResult:
+    """7. Slot of compaction (fragments → one retrospective), filled by the quality passes;
+    until then it changes nothing. ``extra`` carries summaries_created."""
+    return PassResult(extra={"summaries_created": 0})
+
+
+def prune(ctx: RunContext) -> PassResult:
+    """8. When prune_older_than_days > 0: entries older than that whose importance is strictly
+    below the threshold are tombstoned."""
+    if ctx.policy.prune_older_than_days <= 0:
+        return PassResult()
+    candidates = not_high_value(
+        unprotected(
+            latest(ctx).filter(
+                status__in=[Status.ACTIVE, Status.STALE, Status.ARCHIVED],
+                created_at__lt=_days_ago(ctx, ctx.policy.prune_older_than_days),
+                importance__lt=ctx.policy.importance_threshold,
+            ),
+            ctx,
+        )
+    )
+    return transition(
+        ctx,
+        candidates,
+        to_status=Status.TOMBSTONED,
+        reason="prune",
+        tombstone_reason=TombstoneReason.PRUNE,
+        destructive=True,
+    )
+
+
+def decay_candidates(ctx: RunContext) -> QuerySet[Entry]:
+    """Entries the decay pass evaluates: latest episodic active/stale entries."""
+    return latest(ctx).filter(tier=Tier.EPISODIC, status__in=[Status.ACTIVE, Status.STALE])
+
+
+def decay(ctx: RunContext) -> PassResult:
+    """9. Episodic, managed, unprotected, not high-value entries whose retention is strictly
+    below the cold threshold are tombstoned."""
+    evaluated = decay_candidates(ctx).count()
+    candidates = not_high_value(
+        unprotected(decay_candidates(ctx).filter(retention__lt=ctx.policy.cold_threshold), ctx)
+    )
+    result = transition(
+        ctx,
+        candidates,
+        to_status=Status.TOMBSTONED,
+        reason="decay",
+        tombstone_reason=TombstoneReason.DECAY,
+        destructive=True,
+        detail_fields=("retention", "created_at", "access_count"),
+    )
+    result.extra = {"candidates_evaluated": evaluated, "evicted_rows": result.extra.get("rows", [])}
+    return result
+
+
+def expire_ttl(ctx: RunContext) -> PassResult:
+    """10. expires_at ≤ now → tombstoned. The writer asked for it, so it is honoured even for
+    pinned and high-value entries; unmanaged sources, constitutional entries and excluded tags
+    stay protected."""
+    candidates = unprotected(
+        latest(ctx).filter(
+            status__in=[Status.STAGED, Status.ACTIVE, Status.STALE, Status.ARCHIVED], expires_at__lte=ctx.now
+        ),
+        ctx,
+        honour_pin=False,
+    )
+    result = transition(
+        ctx,
+        candidates,
+        to_status=Status.TOMBSTONED,
+        reason="ttl",
+        tombstone_reason=TombstoneReason.TTL,
+        destructive=True,
+        detail_fields=("expires_at",),
+    )
+    result.extra = {"expired_rows": result.extra.get("rows", [])}
+    return result
+
+
+def reclaim(ctx: RunContext) -> PassResult:
+    """11. Archived for reclaim_archived_after_days → tombstoned."""
+    candidates = not_high_value(
+        unprotected(
+            latest(ctx).filter(
+                status=Status.ARCHIVED,
+                archived_at__lte=_days_ago(ctx, ctx.policy.reclaim_archived_after_days),
+            ),
+            ctx,
+        )
+    )
+    return transition(
+        ctx,
+        candidates,
+        to_status=Status.TOMBSTONED,
+        reason="reclaim",
+        tombstone_reason=TombstoneReason.RECLAIM,
+        destructive=True,
+    )
+
+
+def prune_links(ctx: RunContext) -> PassResult:
+    """12. Links whose both ends are archived or tombstoned are deactivated (pruned_at set,
+    restorable)."""
+    gone = [Status.ARCHIVED, Status.TOMBSTONED]
+    candidates = Relationship.objects.filter(
+        workspace=ctx.workspace,
+        pruned_at__isnull=True,
+        from_entry__status__in=gone,
+        to_entry__status__in=gone,
+    )
+    result = PassResult()
+    last = 0
+    while True:
+        with transaction.atomic():
+            ids = list(
+                candidates.filter(pk__gt=last).order_by("pk").values_list("pk", flat=True)[: ctx.batch_size]
+            )
+            if not ids:
+                break
+            if not result.ids:
+                ctx.before_destructive()
+            last = ids[-1]
+            Relationship.objects.filter(pk__in=ids).update(pruned_at=ctx.now, pruned_by_run=ctx.run)
+            result.ids += ids
+        ctx.heartbeat()
+    result.count = len(result.ids)
+    return result
+
+
+def purge(ctx: RunContext) -> PassResult:
+    """13. Tombstones older than the grace (hard_delete_older_than_days if > 0, else
+    tombstone_grace_days) are purged: the whole lineage with its links, anchors, tags, access
+    rows and disputes, in one transaction per batch. The Tombstone stays as a content-free
+    record; a 'purged' LifecycleEvent (entry gone, entry_ref kept) is written per lineage."""
+    cutoff = _days_ago(ctx, ctx.policy.purge_grace_days)
+    due = Tombstone.objects.filter(
+        workspace=ctx.workspace,
+        restored_at__isnull=True,
+        purged_at__isnull=True,
+        created_at__lte=cutoff,
+        entry__isnull=False,
+    )
+    result = PassResult()
+    while True:
+        with transaction.atomic():
+            rows = list(
+                due.select_for_update(of=("self",))
+                .order_by("pk")
+                .values("pk", "entry_ref", "lineage_ref")[: ctx.batch_size]
+            )
+            if not rows:
+                break
+            if not result.ids:
+                ctx.before_destructive()
+            lineages = [r["lineage_ref"] for r in rows]
+            # Scoped to the workspace: a lineage id can never reach another workspace's rows.
+            doomed = Entry.objects.filter(workspace=ctx.workspace, lineage_id__in=lineages)
+            doomed_ids = list(doomed.values_list("pk", flat=True))
+            EntryAccess.objects.filter(workspace=ctx.workspace, lineage_id__in=lineages).delete()
+            Tombstone.objects.filter(pk__in=[r["pk"] for r in rows]).update(purged_at=ctx.now, entry=None)
+            Entry.objects.filter(pk__in=doomed_ids).delete()  # cascades links, anchors, tags, disputes
+            LifecycleEvent.objects.bulk_create(
+                LifecycleEvent(
+                    workspace=ctx.workspace,
+                    entry=None,
+                    entry_ref=r["entry_ref"],
+                    from_status=Status.TOMBSTONED,
+                    to_status="purged",
+                    reason="purge",
+                    run=ctx.run,
+                    actor=ctx.actor,
+                    automatic=True,
+                    created_at=ctx.now,
+                    details={"lineage": r["lineage_ref"]},
+                )
+                for r in rows
+            )
+            result.ids += [r["entry_ref"] for r in rows]
+        ctx.heartbeat()
+    result.count = len(result.ids)
+    return result
+
+
+def flag_contradictions(ctx: RunContext) -> PassResult:
+    """14. Slot of the contradiction sweep, filled by the quality passes; until then it flags
+    nothing."""
+    return PassResult()
+
+
+def count_orphans(ctx: RunContext) -> PassResult:
+    """15. Metric only: live entries with no active link and importance below 0.2."""
+    any_link = Relationship.objects.filter(pruned_at__isnull=True).filter(
+        Q(from_entry=OuterRef("pk")) | Q(to_entry=OuterRef("pk"))
+    )
+    n = (
+        latest(ctx)
+        .filter(status__in=[Status.STAGED, Status.ACTIVE, Status.STALE], importance__lt=ORPHAN_IMPORTANCE)
+        .exclude(Exists(any_link))
+        .count()
+    )
+    return PassResult(count=n)
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _tags(workspace: Workspace, names: Iterable[str]) -> list[Tag]:
+    names = list(names)
+    Tag.objects.bulk_create([Tag(workspace=workspace, name=n) for n in names], ignore_conflicts=True)
+    return list(Tag.objects.filter(workspace=workspace, name__in=names))
+
+
+def _events(ctx: RunContext, rows: Iterable[Mapping[str, Any]], *, to_status: str, reason: str) -> None:
+    LifecycleEvent.objects.bulk_create(
+        LifecycleEvent(
+            workspace=ctx.workspace,
+            entry_id=r["pk"],
+            entry_ref=r["pk"],
+            from_status=r["status"],
+            to_status=to_status,
+            reason=reason,
+            run=ctx.run,
+            actor=ctx.actor,
+            automatic=True,
+            created_at=ctx.now,
+        )
+        for r in rows
+    )

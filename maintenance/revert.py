@@ -1,0 +1,163 @@
+"""Reverting automatic changes (SPEC §3): one entry's transition, a selection, or a whole run.
+
+Only automatic transitions (made by maintenance) are reverted, and only while the entry is
+still where that transition left it and has not been purged. Each revert is itself recorded
+as a LifecycleEvent (reason ``revert``, ``reverts`` pointing at the undone event), and the
+undone events get ``reverted_at``. Work is set-based: the events are read in one query and
+entries are updated per (current, target) status group.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from maintenance.models import MaintenanceRun
+from maintenance.scoring_db import refresh_scores
+from memory.errors import NotFound
+from memory.models import Entry, LifecycleEvent, Relationship, Status, Tombstone, Workspace
+from memory.services import neighbour_ids
+
+REVERTIBLE_TO = (Status.ARCHIVED, Status.TOMBSTONED, Status.STALE)
+RUN_REVERT_TO = (Status.ARCHIVED, Status.TOMBSTONED)
+
+
+def _revertible(workspace: Workspace) -> QuerySet[LifecycleEvent]:
+    return LifecycleEvent.objects.filter(
+        workspace=workspace,
+        automatic=True,
+        reverted_at__isnull=True,
+        entry__isnull=False,
+        entry__is_latest=True,
+        to_status__in=REVERTIBLE_TO,
+    )
+
+
+def revert_events(
+    workspace: Workspace, events: Iterable[LifecycleEvent], *, actor: str, now: datetime | None = None
+) -> dict[str, Any]:
+    """Undo the given automatic events. Per entry, the newest of its events among them must
+    match the entry's current status; the entry goes back to the status before the oldest one.
+    Returns {"reverted": [entry ids], "skipped": [entry ids]}."""
+    now = now or timezone.now()
+    by_entry: dict[int, list[LifecycleEvent]] = defaultdict(list)
+    for event in events:
+        if event.entry_id is not None:
+            by_entry[event.entry_id].append(event)
+    if not by_entry:
+        return {"reverted": [], "skipped": []}
+    with transaction.atomic():
+        current = dict(
+            Entry.objects.select_for_update()
+            .filter(workspace=workspace, pk__in=list(by_entry), is_latest=True)
+            .values_list("pk", "status")
+        )
+        # The newest event of each entry must be the one that put it where it is now: a later
+        # manual change (or a later run) wins over an old automatic one.
+        newest_any = _newest_event_ids(list(current))
+        groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+        undone: list[LifecycleEvent] = []
+        reverted, skipped = [], []
+        for entry_id, evs in by_entry.items():
+            evs.sort(key=lambda e: (e.created_at, e.pk))
+            newest, oldest = evs[-1], evs[0]
+            if current.get(entry_id) != newest.to_status or newest_any.get(entry_id) != newest.pk:
+                skipped.append(entry_id)
+                continue
+            groups[(newest.to_status, oldest.from_status)].append(entry_id)
+            undone.extend(evs)
+            reverted.append(entry_id)
+        for (from_status, to_status), ids in groups.items():
+            changes: dict[str, Any] = {"status": to_status, "status_changed_at": now}
+            if to_status != Status.ARCHIVED:
+                changes["archived_at"] = None
+            Entry.objects.filter(pk__in=ids, status=from_status).update(**changes)
+            if from_status == Status.TOMBSTONED:
+                Tombstone.objects.filter(
+                    entry_id__in=ids, restored_at__isnull=True, purged_at__isnull=True
+                ).update(restored_at=now)
+        newest_by_entry = {e.entry_id: e for e in undone}  # the last one per entry wins (sorted)
+        LifecycleEvent.objects.bulk_create(
+            LifecycleEvent(
+                workspace=workspace,
+                entry_id=entry_id,
+                entry_ref=entry_id,
+                from_status=current[entry_id],
+                to_status=to,
+                reason="revert",
+                run=newest_by_entry[entry_id].run,
+                actor=actor,
+                automatic=False,
+                reverts=newest_by_entry[entry_id],
+                created_at=now,
+            )
+            for (_, to), ids in groups.items()
+            for entry_id in ids
+        )
+        LifecycleEvent.objects.filter(pk__in=[e.pk for e in undone]).update(reverted_at=now)
+        if reverted:
+            refresh_scores(workspace, now=now, ids=[*reverted, *neighbour_ids(reverted)])
+    return {"reverted": sorted(reverted), "skipped": sorted(skipped)}
+
+
+def _newest_event_ids(entry_ids: list[int]) -> dict[int, int]:
+    newest: dict[int, int] = {}
+    rows = (
+        LifecycleEvent.objects.filter(entry_id__in=entry_ids)
+        .order_by("entry_id", "created_at", "pk")
+        .values_list("entry_id", "pk")
+    )
+    for entry_id, pk in rows:
+        newest[entry_id] = pk  # ascending order: the last one seen is the newest
+    return newest
+
+
+def revert_entry(
+    workspace: Workspace, entry_id: int, *, actor: str, now: datetime | None = None
+) -> dict[str, Any]:
+    """Undo the newest automatic transition of one entry."""
+    event = _revertible(workspace).filter(entry_id=entry_id).order_by("-created_at", "-pk").first()
+    if event is None:
+        if not Entry.objects.filter(workspace=workspace, pk=entry_id).exists():
+            raise NotFound(f"entry {entry_id} not found")
+        return {"reverted": [], "skipped": [entry_id]}
+    return revert_events(workspace, [event], actor=actor, now=now)
+
+
+def revert_selection(
+    workspace: Workspace, entry_ids: Iterable[int], *, actor: str, now: datetime | None = None
+) -> dict[str, Any]:
+    """Undo the newest automatic transition of each selected entry (ids of other workspaces
+    are simply not found)."""
+    newest: dict[int, LifecycleEvent] = {}
+    for event in _revertible(workspace).filter(entry_id__in=list(entry_ids)).order_by("created_at", "pk"):
+        assert event.entry_id is not None
+        newest[event.entry_id] = event
+    return revert_events(workspace, newest.values(), actor=actor, now=now)
+
+
+def revert_run(
+    workspace: Workspace, run_id: int, *, actor: str, now: datetime | None = None
+) -> dict[str, Any]:
+    """Undo everything a run archived or tombstoned that is not purged since, and reactivate
+    the links it pruned."""
+    run = MaintenanceRun.objects.filter(workspace=workspace, pk=run_id).first()
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    now = now or timezone.now()
+    events = list(
+        _revertible(workspace).filter(run=run, to_status__in=RUN_REVERT_TO).order_by("created_at", "pk")
+    )
+    result = revert_events(workspace, events, actor=actor, now=now)
+    links = Relationship.objects.filter(
+        workspace=workspace, pruned_by_run=run, pruned_at__isnull=False
+    ).update(pruned_at=None, pruned_by_run=None)
+    result["links_restored"] = links
+    result["run_id"] = run.pk
+    return result

@@ -1,0 +1,134 @@
+"""Reverting automatic changes: one entry, a selection, a whole run (SPEC §3)."""
+
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+
+from maintenance.models import MaintenancePolicy
+from maintenance.revert import revert_entry, revert_run, revert_selection
+from maintenance.runs import run_maintenance
+from memory import services
+from memory.errors import NotFound
+from memory.models import Entry, LifecycleEvent, Relationship, Tombstone
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _backups(settings, tmp_path):
+    settings.BACKUP_DIR = tmp_path / "backups"
+
+
+def old(workspace, now, days=100, **fields):
+    entry = services.entry_create(
+        workspace=workspace,
+        content=f"note {Entry.objects.count()}",
+        created_at=now - timedelta(days=days),
+        now=now,
+    )
+    if fields:
+        Entry.objects.filter(pk=entry.pk).update(**fields)
+    return entry
+
+
+def status(entry):
+    return Entry.objects.get(pk=entry.pk).status
+
+
+def test_reverting_a_run_brings_back_everything_it_archived_and_tombstoned(workspace, now):
+    cold = [old(workspace, now) for _ in range(3)]
+    stale = old(workspace, now, days=500, status="stale", status_changed_at=now - timedelta(days=200))
+    archived_a = old(workspace, now, status="archived", archived_at=now)
+    archived_b = old(workspace, now, status="archived", archived_at=now)
+    link, _ = services.relationship_create(
+        workspace=workspace, from_id=archived_a.pk, to_id=archived_b.pk, now=now
+    )
+    result = run_maintenance(workspace=workspace, now=now)
+    assert all(status(e) == "tombstoned" for e in cold)
+    assert status(stale) == "archived"
+    assert Relationship.objects.get(pk=link.pk).pruned_at is not None
+
+    reverted = revert_run(workspace, result["run_id"], actor="user:op", now=now + timedelta(hours=1))
+    assert sorted(reverted["reverted"]) == sorted([*(e.pk for e in cold), stale.pk])
+    assert reverted["links_restored"] == 1
+    assert all(status(e) == "active" for e in cold)
+    assert status(stale) == "stale"
+    assert Relationship.objects.get(pk=link.pk).pruned_at is None
+    assert not Tombstone.objects.filter(entry__in=cold, restored_at__isnull=True).exists()
+    events = LifecycleEvent.objects.filter(reason="revert", actor="user:op")
+    assert events.count() == 4
+    assert all(e.reverts.reverted_at is not None for e in events)
+    # reverting twice does nothing more
+    assert revert_run(workspace, result["run_id"], actor="user:op")["reverted"] == []
+
+
+def test_a_revert_skips_entries_changed_since(workspace, now):
+    a, b = old(workspace, now), old(workspace, now)
+    result = run_maintenance(workspace=workspace, now=now)
+    services.entry_restore(workspace=workspace, entry_id=a.pk, now=now + timedelta(minutes=1))
+    services.entry_tombstone(workspace=workspace, entry_id=a.pk, now=now + timedelta(minutes=2))
+    reverted = revert_run(workspace, result["run_id"], actor="user:op", now=now + timedelta(minutes=3))
+    assert reverted == {
+        "reverted": [b.pk],
+        "skipped": [a.pk],
+        "links_restored": 0,
+        "run_id": result["run_id"],
+    }
+    assert status(a) == "tombstoned"  # the operator's own tombstone stands
+
+
+def test_revert_entry_and_selection_undo_the_newest_automatic_transition(workspace, now):
+    a, b, c = old(workspace, now), old(workspace, now), old(workspace, now)
+    run_maintenance(workspace=workspace, now=now)
+    assert revert_entry(workspace, a.pk, actor="user:op")["reverted"] == [a.pk]
+    assert status(a) == "active"
+    assert revert_selection(workspace, [b.pk, c.pk], actor="user:op")["reverted"] == [b.pk, c.pk]
+    assert revert_entry(workspace, a.pk, actor="user:op")["reverted"] == []
+
+
+def test_staged_expiry_then_ttl_in_one_run_reverts_to_staged(workspace, now):
+    entry = services.entry_create(
+        workspace=workspace,
+        content="x",
+        staged_class="evidence",
+        created_at=now - timedelta(days=20),
+        now=now,
+    )
+    Entry.objects.filter(pk=entry.pk).update(expires_at=now)
+    result = run_maintenance(workspace=workspace, now=now)
+    assert status(entry) == "tombstoned"
+    revert_run(workspace, result["run_id"], actor="user:op")
+    assert status(entry) == "staged"
+
+
+def test_purged_entries_cannot_be_reverted_but_the_rest_can(workspace, now):
+    MaintenancePolicy.objects.filter(workspace=workspace).update(tombstone_grace_days=0)
+    a = old(workspace, now)
+    result = run_maintenance(workspace=workspace, now=now)
+    assert result["counts"]["hard_deleted"] == 1  # grace 0: tombstoned and purged in one run
+    assert not Entry.objects.filter(pk=a.pk).exists()
+    assert revert_run(workspace, result["run_id"], actor="user:op")["reverted"] == []
+
+
+def test_another_workspaces_run_or_entry_is_not_found(workspace, other_workspace, now):
+    old(other_workspace, now)
+    result = run_maintenance(workspace=other_workspace, now=now)
+    with pytest.raises(NotFound):
+        revert_run(workspace, result["run_id"], actor="user:op")
+    theirs = Entry.objects.get(workspace=other_workspace)
+    with pytest.raises(NotFound):
+        revert_entry(workspace, theirs.pk, actor="user:op")
+    assert revert_selection(workspace, [theirs.pk], actor="user:op")["reverted"] == []
+    assert status(theirs) == "tombstoned"
+
+
+def test_revert_run_command(workspace, now):
+    import json
+    from io import StringIO
+
+    a = old(workspace, now)
+    result = run_maintenance(workspace=workspace, now=now)
+    out = StringIO()
+    call_command("revert_run", str(result["run_id"]), "--workspace", workspace.slug, "--json", stdout=out)
+    assert json.loads(out.getvalue())["reverted"] == [a.pk]

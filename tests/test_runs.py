@@ -1,0 +1,556 @@
+"""The maintenance run (SPEC §4.1, §4.2): every pass with its boundaries and protections, the
+dry run, the circuit breaker, the lease and the result object."""
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+
+from maintenance.lease import acquire, new_holder
+from maintenance.models import MaintenancePolicy, MaintenanceRun
+from maintenance.runs import COUNT_KEYS, decay_result, prune_result, run_maintenance
+from memory import journal, services
+from memory.models import Entry, LifecycleEvent, Relationship, Tombstone
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _backups(settings, tmp_path):
+    settings.BACKUP_DIR = tmp_path / "backups"
+
+
+def policy(workspace, **values):
+    row = MaintenancePolicy.objects.get(workspace=workspace)
+    for k, v in values.items():
+        setattr(row, k, v)
+    row.save()
+
+
+def make(workspace, now, *, age_days=0.0, **fields):
+    """An entry created age_days before now; extra fields are set straight on the row."""
+    tags = fields.pop("tags", None)
+    entry = services.entry_create(
+        workspace=workspace,
+        content=fields.pop("content", f"memory {Entry.objects.count()} about caching and retries"),
+        created_at=now - timedelta(days=age_days),
+        now=now - timedelta(days=age_days),
+        tags=tags,
+        **{
+            k: fields.pop(k)
+            for k in list(fields)
+            if k in ("source", "tier", "pinned", "impact_score", "significance_type")
+        },
+    )
+    if fields:
+        Entry.objects.filter(pk=entry.pk).update(**fields)
+    entry.refresh_from_db()
+    return entry
+
+
+def status(entry):
+    return Entry.objects.get(pk=entry.pk).status
+
+
+def run(workspace, now, **kwargs):
+    return run_maintenance(workspace=workspace, now=now, **kwargs)
+
+
+# --- the result object ----------------------------------------------------------------------
+
+
+def test_the_result_object_has_exactly_the_spec_shape(workspace, now):
+    make(workspace, now)
+    result = run(workspace, now)
+    assert list(result) == [
+        "run_id",
+        "workspace",
+        "kind",
+        "dry_run",
+        "status",
+        "backup_file",
+        "counts",
+        "affected",
+    ]
+    assert list(result["counts"]) == list(COUNT_KEYS)
+    assert list(result["affected"]) == ["archived", "tombstoned", "purged"]
+    assert result["status"] == "succeeded"
+    assert result["counts"]["scored"] == 1
+    stored = MaintenanceRun.objects.get(pk=result["run_id"])
+    assert stored.result == json.loads(json.dumps(result))
+    assert stored.counts == result["counts"]
+
+
+# --- decay (pass 9) -------------------------------------------------------------------------
+
+
+def test_decay_tombstones_cold_episodic_entries_strictly_below_the_threshold(workspace, now):
+    # ln(0.2)/-0.02 = 80.47 days: 80 days is warm, 81 is cold
+    warm = make(workspace, now, age_days=80)
+    cold = make(workspace, now, age_days=81)
+    result = run(workspace, now)
+    assert status(warm) == "active"
+    assert status(cold) == "tombstoned"
+    assert result["counts"]["evicted"] == 1
+    assert result["affected"]["tombstoned"] == [cold.pk]
+    tomb = Tombstone.objects.get(entry=cold)
+    assert (tomb.reason, tomb.previous_status, tomb.run_id) == ("decay", "active", result["run_id"])
+    assert tomb.purge_after == now + timedelta(days=180)
+
+
+def test_decay_never_touches_protected_or_high_value_entries(workspace, now):
+    protected = [
+        make(workspace, now, age_days=200, pinned=True),
+        make(workspace, now, age_days=200, source="operator"),
+        make(workspace, now, age_days=200, source="system"),
+        make(workspace, now, age_days=200, tier="constitutional"),
+        make(workspace, now, age_days=200, tier="semantic"),  # only episodic decays
+        make(workspace, now, age_days=200, tags=["keep"]),
+        make(workspace, now, age_days=200, impact_score=0.5),
+        make(workspace, now, age_days=200, significance_type="security"),
+    ]
+    linked = make(workspace, now, age_days=200)
+    anchor = make(workspace, now, age_days=1)
+    services.relationship_create(workspace=workspace, from_id=linked.pk, to_id=anchor.pk, now=now)
+    victim = make(workspace, now, age_days=200)
+    policy(workspace, exclude_tags=["keep"])
+    run(workspace, now)
+    # Protected entries are not even marked stale; semantic and high-value ones may be marked
+    # stale (that removes nothing) but are never tombstoned.
+    assert [status(e) for e in protected] == ["active"] * 4 + ["stale", "active", "stale", "stale"]
+    assert status(linked) == "stale"
+    assert status(victim) == "tombstoned"
+
+
+# --- ttl (pass 10) --------------------------------------------------------------------------
+
+
+def test_ttl_beats_pin_but_not_an_operator_source(workspace, now):
+    pinned = make(workspace, now, pinned=True, expires_at=now)
+    operator = make(workspace, now, source="operator", expires_at=now - timedelta(days=1))
+    future = make(workspace, now, expires_at=now + timedelta(seconds=1))
+    result = run(workspace, now)
+    assert status(pinned) == "tombstoned"
+    assert status(operator) == "active"
+    assert status(future) == "active"
+    assert result["counts"]["expired"] == 1
+    assert Tombstone.objects.get(entry=pinned).reason == "ttl"
+
+
+# --- staged (passes 2, 3) -------------------------------------------------------------------
+
+
+def test_staged_traces_graduate_when_reinforced_or_dispatched_twice(workspace, now):
+    proc = services.entry_create(
+        workspace=workspace,
+        content="run migrations before deploy",
+        staged_class="procedural",
+        now=now,
+        trust_score=0.8,
+    )
+    ref = services.entry_create(
+        workspace=workspace,
+        content="the API docs live at /docs",
+        staged_class="reference",
+        entry_type="research",
+        now=now,
+    )
+    once = services.entry_create(
+        workspace=workspace, content="tried a cache once", staged_class="conceptual", now=now
+    )
+    evidence = services.entry_create(
+        workspace=workspace, content="log line seen", staged_class="evidence", now=now
+    )
+    Entry.objects.filter(pk__in=[proc.pk, evidence.pk]).update(reinforced_at=now)
+    Entry.objects.filter(pk=ref.pk).update(retrieval_count=2)
+    Entry.objects.filter(pk=once.pk).update(retrieval_count=1)
+    result = run(workspace, now)
+    assert result["counts"]["staged_graduated"] == 2
+    proc.refresh_from_db()
+    ref.refresh_from_db()
+    assert (proc.status, proc.entry_type, proc.trust_score, proc.impact_score) == (
+        "active",
+        "lesson",
+        0.9,
+        0.15,
+    )
+    assert (ref.status, ref.entry_type, ref.trust_score) == ("active", "research", 0.75)
+    assert set(proc.tags.values_list("name", flat=True)) == {"consolidated", "graduated"}
+    assert status(once) == "staged"
+    assert status(evidence) == "staged"  # evidence never graduates
+    assert LifecycleEvent.objects.filter(entry=proc, reason="graduate", automatic=True).count() == 1
+
+
+def test_unreinforced_staged_traces_expire_at_their_ttl(workspace, now):
+    expired = services.entry_create(
+        workspace=workspace,
+        content="a",
+        staged_class="evidence",
+        created_at=now - timedelta(days=14),
+        now=now,
+    )
+    fresh = services.entry_create(
+        workspace=workspace,
+        content="b",
+        staged_class="evidence",
+        created_at=now - timedelta(days=13),
+        now=now,
+    )
+    kept = services.entry_create(
+        workspace=workspace,
+        content="c",
+        staged_class="evidence",
+        created_at=now - timedelta(days=30),
+        now=now,
+    )
+    Entry.objects.filter(pk=kept.pk).update(reinforced_at=now)
+    result = run(workspace, now)
+    assert status(expired) == "archived"
+    assert status(fresh) == "staged"
+    assert status(kept) == "staged"
+    assert result["counts"]["staged_expired"] == 1
+
+
+# --- stale marking and archive (passes 4, 5) ------------------------------------------------
+
+
+def test_stale_marking_and_archive_follow_their_day_counts(workspace, now):
+    policy(workspace, cold_threshold=0.0)  # keep decay out of this test
+    idle = make(workspace, now, age_days=91, updated_at=now - timedelta(days=91))
+    touched = make(workspace, now, age_days=91, updated_at=now - timedelta(days=89))
+    read = make(
+        workspace,
+        now,
+        age_days=91,
+        updated_at=now - timedelta(days=91),
+        access_count=1,
+        last_accessed_at=now - timedelta(days=10),
+    )
+    long_stale = make(
+        workspace, now, age_days=400, status="stale", status_changed_at=now - timedelta(days=180)
+    )
+    recent_stale = make(
+        workspace, now, age_days=400, status="stale", status_changed_at=now - timedelta(days=179)
+    )
+    result = run(workspace, now)
+    assert status(idle) == "stale"
+    assert status(touched) == "active"
+    assert status(read) == "active"
+    assert status(long_stale) == "archived"
+    assert status(recent_stale) == "stale"
+    assert result["counts"]["stale_marked"] == 1
+    assert result["counts"]["archived"] == 1
+    assert Entry.objects.get(pk=long_stale.pk).archived_at == now
+
+
+def test_archive_older_than_uses_a_strict_importance_threshold(workspace, now):
+    policy(workspace, archive_older_than_days=30, importance_threshold=0.15, cold_threshold=0.0)
+    low = make(workspace, now, age_days=31)  # importance 0.15 × (1 − 31/90) < 0.15 at `now`
+    young = make(workspace, now, age_days=29)
+    result = run(workspace, now)
+    assert status(low) == "archived"
+    assert Entry.objects.get(pk=low.pk).importance == pytest.approx(0.15 * (1 - 31 / 90))
+    assert status(young) == "active"
+    assert result["counts"]["archived"] == 1
+
+
+# --- prune (pass 8) and the partial prune run ------------------------------------------------
+
+
+def test_prune_uses_caller_parameters_and_reports_the_spec_shape(workspace, now):
+    policy(workspace, cold_threshold=0.0)
+    old = make(workspace, now, age_days=100)
+    keep = make(workspace, now, age_days=100, tags=["important"])
+    young = make(workspace, now, age_days=10)
+    result = run(
+        workspace,
+        now,
+        kind="prune",
+        params={"prune_older_than_days": 50, "importance_threshold": 0.15, "exclude_tags": "important"},
+    )
+    shaped = prune_result(result)
+    assert shaped == {
+        "success": True,
+        "archived_count": 0,
+        "pruned_count": 1,
+        "hard_deleted_count": 0,
+        "backup_file": result["backup_file"],
+        "dry_run": False,
+        "run_id": result["run_id"],
+        "status": "succeeded",
+    }
+    assert shaped["backup_file"].startswith("pre-prune-backup-")
+    assert [status(old), status(keep), status(young)] == ["tombstoned", "active", "active"]
+
+
+def test_prune_does_nothing_when_prune_older_than_days_is_off(workspace, now):
+    make(workspace, now, age_days=1000)
+    result = run(workspace, now, kind="prune", params={"importance_threshold": 1.0})
+    assert result["counts"]["pruned"] == 0
+
+
+# --- reclaim, links, purge (passes 11, 12, 13) -----------------------------------------------
+
+
+def test_reclaim_tombstones_entries_archived_for_a_year(workspace, now):
+    policy(workspace, cold_threshold=0.0)
+    due = make(workspace, now, age_days=800, status="archived", archived_at=now - timedelta(days=365))
+    not_yet = make(workspace, now, age_days=800, status="archived", archived_at=now - timedelta(days=364))
+    result = run(workspace, now)
+    assert status(due) == "tombstoned"
+    assert status(not_yet) == "archived"
+    assert result["counts"]["reclaimed"] == 1
+    assert Tombstone.objects.get(entry=due).previous_status == "archived"
+
+
+def test_links_between_two_gone_entries_are_pruned_not_deleted(workspace, now):
+    policy(workspace, cold_threshold=0.0)
+    a = make(workspace, now, status="archived", archived_at=now)
+    b = make(workspace, now, status="archived", archived_at=now)
+    c = make(workspace, now)
+    gone, _ = services.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
+    alive, _ = services.relationship_create(workspace=workspace, from_id=a.pk, to_id=c.pk, now=now)
+    result = run(workspace, now)
+    assert result["counts"]["links_pruned"] == 1
+    assert Relationship.objects.get(pk=gone.pk).pruned_at == now
+    assert Relationship.objects.get(pk=alive.pk).pruned_at is None
+
+
+def test_purge_waits_for_the_grace_then_removes_the_whole_lineage(workspace, now):
+    entry = make(workspace, now - timedelta(days=10))
+    newer = services.entry_update(
+        workspace=workspace, entry_id=entry.pk, content="second version", now=now - timedelta(days=10)
+    ).entry
+    other = make(workspace, now)
+    services.relationship_create(workspace=workspace, from_id=newer.pk, to_id=other.pk, now=now)
+    services.entry_tombstone(workspace=workspace, entry_id=newer.pk, now=now - timedelta(days=180))
+    early = run(workspace, now - timedelta(seconds=1), kind="decay")
+    assert early["counts"]["hard_deleted"] == 0
+    result = run(workspace, now, kind="decay")
+    assert result["counts"]["hard_deleted"] == 1
+    assert result["affected"]["purged"] == [newer.pk]
+    assert not Entry.objects.filter(lineage_id=entry.lineage_id).exists()
+    assert not Relationship.objects.filter(to_entry=other).exists()
+    tomb = Tombstone.objects.get(entry_ref=newer.pk)
+    assert tomb.purged_at == now and tomb.entry is None and tomb.content_hash
+    assert LifecycleEvent.objects.filter(entry_ref=newer.pk, to_status="purged").exists()
+    assert Entry.objects.filter(pk=other.pk).exists()
+    assert result["backup_file"]
+
+
+def test_hard_delete_older_than_days_replaces_the_grace(workspace, now):
+    entry = make(workspace, now)
+    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now - timedelta(days=3))
+    assert (
+        run(workspace, now, kind="prune", params={"hard_delete_older_than_days": 4})["counts"]["hard_deleted"]
+        == 0
+    )
+    assert (
+        run(workspace, now, kind="prune", params={"hard_delete_older_than_days": 3})["counts"]["hard_deleted"]
+        == 1
+    )
+
+
+# --- decay sweep shape ------------------------------------------------------------------------
+
+
+def test_the_decay_sweep_reports_evicted_and_expired_entries(workspace, now):
+    cold = make(workspace, now, age_days=100)
+    ttl = make(workspace, now, expires_at=now - timedelta(hours=1))
+    make(workspace, now)
+    shaped = decay_result(run(workspace, now, kind="decay"))
+    assert shaped["candidates_evaluated"] == 3
+    assert [e["id"] for e in shaped["evicted"]] == [cold.pk]
+    assert shaped["evicted"][0]["age_days"] == pytest.approx(100)
+    assert shaped["evicted"][0]["retention"] < 0.2
+    assert shaped["expired"] == [{"id": ttl.pk, "expired_at": (now - timedelta(hours=1)).isoformat()}]
+    assert shaped["hard_deleted"] == 0
+
+
+# --- dry run ----------------------------------------------------------------------------------
+
+
+def _snapshot(workspace):
+    records = list(journal.export_records(workspace))
+    rows = list(Entry.objects.filter(workspace=workspace).order_by("pk").values())
+    return (
+        records,
+        rows,
+        Tombstone.objects.count(),
+        LifecycleEvent.objects.count(),
+        Relationship.objects.filter(pruned_at__isnull=False).count(),
+    )
+
+
+def _busy_workspace(workspace, now):
+    journal.import_journal(workspace=workspace, path=journal.SAMPLE_PATH, now=now - timedelta(days=30))
+    policy(workspace, max_tombstone_fraction=1.0, prune_older_than_days=3000, importance_threshold=0.2)
+    ids = list(Entry.objects.filter(workspace=workspace).order_by("pk").values_list("pk", flat=True))
+    Entry.objects.filter(pk__in=ids[:20]).update(status="archived", archived_at=now - timedelta(days=400))
+    Entry.objects.filter(pk__in=ids[20:30]).update(expires_at=now - timedelta(days=1))
+    Entry.objects.filter(pk__in=ids[30:40]).update(pinned=True)
+
+
+def test_a_dry_run_reports_the_same_counts_and_ids_as_the_real_run_and_changes_nothing(
+    workspace, now, settings
+):
+    _busy_workspace(workspace, now)
+    before = _snapshot(workspace)
+    dry = run(workspace, now, dry_run=True)
+    assert _snapshot(workspace) == before
+    assert not list(settings.BACKUP_DIR.glob("**/*.gz"))
+    real = run(workspace, now)
+    assert dry["dry_run"] and not real["dry_run"]
+    assert dry["counts"] == real["counts"]
+    assert dry["affected"] == real["affected"]
+    assert real["counts"]["evicted"] + real["counts"]["pruned"] > 100
+    assert real["backup_file"]
+
+
+def test_a_second_run_at_the_same_now_changes_nothing_more(workspace, now):
+    _busy_workspace(workspace, now)
+    run(workspace, now)
+    again = run(workspace, now)
+    changed = {k: v for k, v in again["counts"].items() if v and k not in ("scored", "orphans")}
+    assert changed == {}
+
+
+# --- circuit breaker --------------------------------------------------------------------------
+
+
+def test_the_circuit_breaker_blocks_a_run_that_would_tombstone_most_entries(workspace, now):
+    cold = [make(workspace, now, age_days=100) for _ in range(21)]
+    warm = [make(workspace, now) for _ in range(20)]
+    before = _snapshot(workspace)
+    dry = run(workspace, now, dry_run=True)
+    blocked = run(workspace, now)
+    assert dry["status"] == blocked["status"] == "blocked"
+    assert blocked["counts"]["evicted"] == 21
+    assert blocked["affected"]["tombstoned"] == sorted(e.pk for e in cold)
+    assert _snapshot(workspace)[1:] == before[1:]
+    assert MaintenanceRun.objects.get(pk=blocked["run_id"]).error.startswith("circuit breaker")
+    forced = run(workspace, now, force=True)
+    assert forced["status"] == "succeeded"
+    assert all(status(e) == "tombstoned" for e in cold)
+    assert all(status(e) == "active" for e in warm)
+
+
+def test_the_breaker_ignores_twenty_or_fewer_tombstones(workspace, now):
+    for _ in range(20):
+        make(workspace, now, age_days=100)
+    assert run(workspace, now)["status"] == "succeeded"
+
+
+# --- lease, scope, backups ----------------------------------------------------------------------
+
+
+def test_a_run_while_the_lease_is_held_is_recorded_as_skipped(workspace, now):
+    from django.utils import timezone
+
+    make(workspace, now, age_days=100)
+    assert acquire(workspace, holder=new_holder(), now=timezone.now())
+    result = run(workspace, now)
+    assert result["status"] == "skipped"
+    assert Entry.objects.filter(status="tombstoned").count() == 0
+
+
+def test_an_expired_lease_is_taken_over_and_the_dead_run_marked_failed(workspace, now):
+    from django.utils import timezone
+
+    dead = MaintenanceRun.objects.create(
+        workspace=workspace, kind="full", trigger="schedule", started_at=timezone.now() - timedelta(minutes=5)
+    )
+    acquire(workspace, holder="dead-process", now=timezone.now() - timedelta(seconds=61), run=dead)
+    result = run(workspace, now)
+    assert result["status"] == "succeeded"
+    dead.refresh_from_db()
+    assert dead.status == "failed" and "interrupted" in dead.error
+
+
+def test_a_run_never_touches_another_workspace(workspace, other_workspace, now):
+    mine = make(workspace, now, age_days=100)
+    theirs = make(other_workspace, now, age_days=100)
+    services.entry_tombstone(
+        workspace=other_workspace, entry_id=make(other_workspace, now).pk, now=now - timedelta(days=400)
+    )
+    before = list(Entry.objects.filter(workspace=other_workspace).order_by("pk").values())
+    result = run(workspace, now)
+    assert status(mine) == "tombstoned"
+    assert status(theirs) == "active"
+    assert list(Entry.objects.filter(workspace=other_workspace).order_by("pk").values()) == before
+    assert result["counts"]["hard_deleted"] == 0
+
+
+def test_a_failed_backup_fails_the_run_and_changes_nothing(workspace, now, settings, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    settings.BACKUP_DIR = blocker
+    cold = make(workspace, now, age_days=100)
+    before = _snapshot(workspace)
+    result = run(workspace, now)
+    assert result["status"] == "failed"
+    assert "backup" in MaintenanceRun.objects.get(pk=result["run_id"]).error
+    assert status(cold) == "active"
+    assert _snapshot(workspace)[1:] == before[1:]
+
+
+def test_no_backup_is_written_when_nothing_destructive_happens(workspace, now, settings):
+    make(workspace, now)
+    result = run(workspace, now)
+    assert result["backup_file"] is None
+
+
+# --- commands -----------------------------------------------------------------------------------
+
+
+def test_maintain_json_prints_exactly_the_result_object(workspace, now, capsys):
+    from io import StringIO
+
+    make(workspace, now, age_days=100)
+    out = StringIO()
+    call_command("maintain", "--workspace", workspace.slug, "--json", "--dry-run", stdout=out)
+    result = json.loads(out.getvalue())
+    assert result == MaintenanceRun.objects.get(pk=result["run_id"]).result
+    assert result["dry_run"] is True
+
+
+def test_prune_and_sweep_commands_print_their_shapes(workspace, now):
+    from io import StringIO
+
+    make(workspace, now, age_days=100)
+    out = StringIO()
+    call_command(
+        "prune",
+        "--workspace",
+        workspace.slug,
+        "--json",
+        "--dry-run",
+        "--prune-older-than-days",
+        "50",
+        "--exclude-tags",
+        "a,b",
+        stdout=out,
+    )
+    shaped = json.loads(out.getvalue())
+    assert set(shaped) >= {
+        "success",
+        "archived_count",
+        "pruned_count",
+        "hard_deleted_count",
+        "backup_file",
+        "dry_run",
+        "run_id",
+    }
+    run_row = MaintenanceRun.objects.get(pk=shaped["run_id"])
+    assert run_row.params["exclude_tags"] == ["a", "b"] and run_row.params["prune_older_than_days"] == 50
+    out = StringIO()
+    call_command("sweep_decay", "--workspace", workspace.slug, "--json", "--dry-run", stdout=out)
+    assert set(json.loads(out.getvalue())) >= {
+        "dry_run",
+        "candidates_evaluated",
+        "evicted",
+        "expired",
+        "hard_deleted",
+        "run_id",
+    }
