@@ -7,16 +7,40 @@ afterwards it only says the demo is already there.
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
+from django.db.models import F, Max
+from django.utils import timezone
 
+from maintenance.models import MaintenancePolicy
+from maintenance.scoring_db import refresh_scores
 from memory import journal, services
-from memory.models import Role, Workspace
+from memory.models import Entry, Role, Workspace
 
 DEMO_SLUG = "demo"
+
+
+def _make_it_recent(workspace: Workspace) -> None:
+    """The sample is a year of 2016/17 commits: moved as a block so its newest memory is a day
+    old, it looks like a workspace in use today. The demo's policy decays four times slower than
+    the default (cold after about 320 days instead of 80), so the first scheduled run shows
+    real work instead of being stopped by the circuit breaker."""
+    now = timezone.now()
+    newest = Entry.objects.filter(workspace=workspace).aggregate(newest=Max("created_at"))["newest"]
+    if newest is None:
+        return
+    shift = now - timedelta(days=1) - newest
+    Entry.objects.filter(workspace=workspace).update(
+        created_at=F("created_at") + shift,
+        updated_at=F("created_at") + shift,
+        status_changed_at=F("created_at") + shift,
+    )
+    MaintenancePolicy.objects.filter(workspace=workspace).update(decay_lambda=0.005)
+    refresh_scores(workspace, now=now)
 
 
 class Command(BaseCommand):
@@ -32,6 +56,7 @@ class Command(BaseCommand):
             if workspace is None:
                 workspace = services.workspace_create(slug=DEMO_SLUG, name="Demo workspace")
                 counts = journal.import_journal(workspace=workspace, path=journal.SAMPLE_PATH)
+                _make_it_recent(workspace)
                 self.stdout.write(
                     f"Created workspace '{DEMO_SLUG}' with {counts.created} memories "
                     f"from the bundled flask journal sample."
