@@ -27,7 +27,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from maintenance import lease, passes
+from maintenance import backups, lease, passes
 from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus
 from maintenance.passes import LeaseLost, PassResult, RunContext
 from maintenance.policy import PolicyValues, clamp_value, clean_tags
@@ -329,8 +329,6 @@ def run_maintenance(
 
 
 def _write_backup(workspace: Workspace, *, now: datetime, run: MaintenanceRun) -> str:
-    from maintenance import backups
-
     backup = backups.write_backup(workspace, reason="pre-prune", now=now, run=run)
     return backup.file_name
 

@@ -1,0 +1,34 @@
+"""``manage.py backup --workspace SLUG [--json]``: write a manual backup (SPEC §4.6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from maintenance import backups
+from memory.management.commands._base import WorkspaceCommand, service_errors
+
+
+class Command(WorkspaceCommand):
+    help = "Write a manual backup of a workspace into BACKUP_DIR/<slug>/."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        workspace = self.get_workspace(options["workspace"])
+        with service_errors():
+            backup = backups.write_backup(workspace, reason="manual")
+        if options["json"]:
+            self.emit_json(
+                {
+                    "file": backup.file_name,
+                    "entries": backup.entry_count,
+                    "size_bytes": backup.size_bytes,
+                    "sha256": backup.sha256,
+                }
+            )
+            return
+        path = backups.backup_dir(workspace) / backup.file_name
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Wrote {path} ({backup.entry_count} entries, {backup.size_bytes} bytes, "
+                f"sha256 {backup.sha256})."
+            )
+        )

@@ -1,0 +1,45 @@
+"""``manage.py restore_backup FILE [--workspace SLUG] [--force] [--json]`` (SPEC §4.6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import CommandParser
+
+from maintenance import backups
+from memory.management.commands._base import WorkspaceCommand, service_errors
+
+
+class Command(WorkspaceCommand):
+    help = (
+        "Restore a workspace from a backup file (a path, or a bare file name inside the "
+        "workspace's backup folder when --workspace is given). Verifies the checksum first, "
+        "runs in one transaction and never deletes rows; refuses to overwrite rows changed "
+        "after the backup unless --force, and always refuses ids held by another workspace."
+    )
+    # The workspace may be gone: the restore brings it back. When given, it must match.
+    workspace_required = False
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("file", metavar="FILE", help="Backup file (path or bare name).")
+        parser.add_argument(
+            "--force", action="store_true", help="Overwrite rows changed after the backup was taken."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        path = backups.resolve_backup_path(options["file"], options["workspace"])
+        with service_errors():
+            result = backups.restore_backup(path, workspace_slug=options["workspace"], force=options["force"])
+        if options["json"]:
+            self.emit_json(result)
+            return
+        inserted = sum(result["restored"].values())
+        overwritten = sum(result["overwritten"].values())
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Restored workspace {result['workspace']!r} from {result['file']}: "
+                f"{inserted} rows inserted, {overwritten} overwritten, "
+                f"{result['kept_newer']} newer entries kept."
+            )
+        )
