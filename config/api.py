@@ -1,16 +1,69 @@
-"""The one NinjaAPI of the project, mounted at /api/v1 (docs at /api/v1/docs)."""
+"""The one NinjaAPI of the project, mounted at /api/v1 (docs at /api/v1/docs).
 
+Every error leaves as JSON ``{"detail": ...}`` with a 4xx status: service refusals map to
+their status, validation errors to 422, malformed bodies to 400, rate limits to 429 with
+Retry-After. Routers are added per app.
+"""
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+
+from memory.auth import API_AUTH, RateLimited
+from memory.errors import ServiceError
 
 api = NinjaAPI(
     title="Memory Steward API",
     version="1",
     urls_namespace="api-v1",
     docs_url="/docs",
+    auth=API_AUTH,
 )
 
 
+@api.exception_handler(RateLimited)
+def rate_limited(request: HttpRequest, exc: RateLimited) -> HttpResponse:
+    response = api.create_response(request, {"detail": exc.detail}, status=429)
+    response["Retry-After"] = str(exc.retry_after)
+    return response
+
+
+@api.exception_handler(ServiceError)
+def service_error(request: HttpRequest, exc: ServiceError) -> HttpResponse:
+    return api.create_response(request, {"detail": exc.detail}, status=exc.status_code)
+
+
+@api.exception_handler(ValidationError)
+def validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    return api.create_response(request, {"detail": _plain(exc.errors)}, status=422)
+
+
+@api.exception_handler(AuthenticationError)
+def unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+    return api.create_response(
+        request, {"detail": "authentication required: Authorization: Bearer <key>"}, status=401
+    )
+
+
+@api.exception_handler(HttpError)
+def http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    return api.create_response(request, {"detail": str(exc)}, status=exc.status_code)
+
+
+def _plain(errors: Any) -> Any:
+    """Validation errors with only JSON-safe values (pydantic may put exceptions in ctx)."""
+    out = []
+    for err in errors:
+        err = dict(err)
+        if "ctx" in err:
+            err["ctx"] = {k: str(v) for k, v in err["ctx"].items()}
+        out.append(err)
+    return out
+
+
 @api.get("/health", auth=None, tags=["meta"])
-def health(request):  # type: ignore[no-untyped-def]
+def health(request: HttpRequest) -> dict[str, str]:
     """Liveness probe: answers without touching the database."""
     return {"status": "ok"}

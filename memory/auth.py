@@ -1,0 +1,142 @@
+"""API authentication and roles (SPEC §5).
+
+Two ways in, both resolving to a ``Principal`` (workspace, role, actor):
+
+- ``Authorization: Bearer <key>``: the key fixes the workspace and the role (agent, operator,
+  admin). Only the key's sha256 is stored; a revoked key is unknown.
+- A browser session of a workspace member, with CSRF (django-ninja checks it for cookie
+  auth), naming the workspace in the ``X-Workspace`` header or the ``workspace`` query
+  parameter. Member roles are viewer, operator, admin; superusers act as admins.
+
+Roles are ordered viewer < agent < operator < admin. ``require(request, role)`` is the one
+check every endpoint calls; it answers 403 for a role too low. Ids of other workspaces are
+never looked up outside the principal's workspace, so they answer 404, never 403.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+from django.http import HttpRequest
+from django.utils import timezone
+from ninja.security import HttpBearer
+from ninja.security.session import SessionAuth
+
+from memory.errors import Forbidden, ServiceError
+from memory.models import ApiKey, Membership, Role, Workspace
+from memory.services import actor_for_key, actor_for_user, hash_key
+
+ROLE_LEVEL = {"viewer": 0, "agent": 1, "operator": 2, "admin": 3}
+LAST_USED_RESOLUTION = timedelta(seconds=60)  # write last_used_at at most once a minute per key
+
+
+class RateLimited(ServiceError):
+    status_code = 429
+
+    def __init__(self, retry_after: int):
+        super().__init__(f"rate limit exceeded; retry in {retry_after} s")
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Principal:
+    workspace: Workspace
+    role: str
+    actor: str
+    key: ApiKey | None = None
+    user: Any = None
+
+    @property
+    def level(self) -> int:
+        return ROLE_LEVEL[self.role]
+
+
+def principal(request: HttpRequest) -> Principal:
+    found = getattr(request, "principal", None)
+    if not isinstance(found, Principal):  # an endpoint without auth asked for one
+        raise Forbidden("authentication required")
+    return found
+
+
+def require(request: HttpRequest, role: str) -> Principal:
+    """The caller's principal, if its role is at least ``role``; else 403."""
+    who = principal(request)
+    if who.level < ROLE_LEVEL[role]:
+        raise Forbidden(f"this action needs the {role} role; your role is {who.role}")
+    return who
+
+
+def _rate_limit(bucket: str) -> None:
+    """Fixed one-minute windows counted in the cache (Redis in hosted mode, so every web
+    process shares them; per process in embedded mode)."""
+    limit = int(getattr(settings, "API_RATE_LIMIT_PER_MINUTE", 600))
+    if limit <= 0:
+        return
+    window = int(time.time() // 60)
+    key = f"ratelimit:{bucket}:{window}"
+    cache.add(key, 0, timeout=120)
+    try:
+        count = cache.incr(key)
+    except ValueError:  # evicted between add and incr
+        cache.set(key, 1, timeout=120)
+        count = 1
+    if count > limit:
+        raise RateLimited(retry_after=max(1, math.ceil((window + 1) * 60 - time.time())))
+
+
+class BearerKey(HttpBearer):
+    def authenticate(self, request: HttpRequest, token: str) -> Principal | None:
+        if not token or len(token) > 200:
+            return None
+        key = (
+            ApiKey.objects.select_related("workspace")
+            .filter(secret_hash=hash_key(token), revoked_at__isnull=True)
+            .first()
+        )
+        if key is None:
+            return None
+        _rate_limit(f"key:{key.pk}")
+        now = timezone.now()
+        if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
+            ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        found = Principal(workspace=key.workspace, role=key.role, actor=actor_for_key(key), key=key)
+        request.principal = found  # type: ignore[attr-defined]
+        return found
+
+
+class MemberSession(SessionAuth):
+    """Session auth of a workspace member (CSRF enforced by django-ninja)."""
+
+    def authenticate(self, request: HttpRequest, key: str | None) -> Principal | None:
+        user = request.user
+        if not user.is_authenticated:
+            return None
+        slug = request.headers.get("X-Workspace") or request.GET.get("workspace") or ""
+        workspace = Workspace.objects.filter(slug=slug).first() if slug else None
+        if workspace is None:
+            return None
+        role: str
+        if user.is_superuser:
+            role = Role.ADMIN
+        else:
+            row = (
+                Membership.objects.filter(user=user, workspace=workspace)
+                .values_list("role", flat=True)
+                .first()
+            )
+            if row is None:
+                return None
+            role = row
+        _rate_limit(f"user:{user.pk}")
+        found = Principal(workspace=workspace, role=role, actor=actor_for_user(user), user=user)
+        request.principal = found  # type: ignore[attr-defined]
+        return found
+
+
+API_AUTH = [BearerKey(), MemberSession()]
