@@ -7,10 +7,14 @@ Retry-After. Routers are added per app.
 
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from maintenance.api import router as maintenance_router
+from memory.api import router as memory_router
+from memory.api_search import router as search_router
 from memory.auth import API_AUTH, RateLimited
 from memory.errors import ServiceError
 
@@ -21,6 +25,11 @@ api = NinjaAPI(
     docs_url="/docs",
     auth=API_AUTH,
 )
+
+
+@api.exception_handler(RequestDataTooBig)
+def body_too_large(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    return api.create_response(request, {"detail": "request body too large"}, status=413)
 
 
 @api.exception_handler(RateLimited)
@@ -67,3 +76,8 @@ def _plain(errors: Any) -> Any:
 def health(request: HttpRequest) -> dict[str, str]:
     """Liveness probe: answers without touching the database."""
     return {"status": "ok"}
+
+
+api.add_router("/", memory_router)
+api.add_router("/", maintenance_router)
+api.add_router("/", search_router)

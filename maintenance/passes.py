@@ -454,33 +454,54 @@ def purge(ctx: RunContext) -> PassResult:
                 break
             if not result.ids:
                 ctx.before_destructive()
-            lineages = [r["lineage_ref"] for r in rows]
-            # Scoped to the workspace: a lineage id can never reach another workspace's rows.
-            doomed = Entry.objects.filter(workspace=ctx.workspace, lineage_id__in=lineages)
-            doomed_ids = list(doomed.values_list("pk", flat=True))
-            EntryAccess.objects.filter(workspace=ctx.workspace, lineage_id__in=lineages).delete()
-            Tombstone.objects.filter(pk__in=[r["pk"] for r in rows]).update(purged_at=ctx.now, entry=None)
-            Entry.objects.filter(pk__in=doomed_ids).delete()  # cascades links, anchors, tags, disputes
-            LifecycleEvent.objects.bulk_create(
-                LifecycleEvent(
-                    workspace=ctx.workspace,
-                    entry=None,
-                    entry_ref=r["entry_ref"],
-                    from_status=Status.TOMBSTONED,
-                    to_status="purged",
-                    reason="purge",
-                    run=ctx.run,
-                    actor=ctx.actor,
-                    automatic=True,
-                    created_at=ctx.now,
-                    details={"lineage": r["lineage_ref"]},
-                )
-                for r in rows
-            )
-            result.ids += [r["entry_ref"] for r in rows]
+            result.ids += purge_lineages(ctx.workspace, rows, ctx.now, run=ctx.run, actor=ctx.actor)
         ctx.heartbeat()
     result.count = len(result.ids)
     return result
+
+
+def purge_lineages(
+    workspace: Workspace,
+    tombstone_rows: Iterable[Mapping[str, Any]],
+    now: datetime,
+    run: Any = None,
+    actor: str = "system",
+    *,
+    automatic: bool = True,
+) -> list[int]:
+    """Hard-delete the lineages of ``tombstone_rows`` (dicts with ``pk``, ``entry_ref`` and
+    ``lineage_ref`` of open Tombstones, which the caller has locked in its transaction): every
+    version with its links, anchors, tags, access rows and disputes. The Tombstones stay as
+    content-free records (purged_at set, entry cleared) and a 'purged' LifecycleEvent is written
+    per lineage. Returns the purged entry ids (``entry_ref``). Writes no backup: that is the
+    caller's duty, before it calls this."""
+    rows = list(tombstone_rows)
+    if not rows:
+        return []
+    lineages = [r["lineage_ref"] for r in rows]
+    # Scoped to the workspace: a lineage id can never reach another workspace's rows.
+    doomed = Entry.objects.filter(workspace=workspace, lineage_id__in=lineages)
+    doomed_ids = list(doomed.values_list("pk", flat=True))
+    EntryAccess.objects.filter(workspace=workspace, lineage_id__in=lineages).delete()
+    Tombstone.objects.filter(pk__in=[r["pk"] for r in rows]).update(purged_at=now, entry=None)
+    Entry.objects.filter(pk__in=doomed_ids).delete()  # cascades links, anchors, tags, disputes
+    LifecycleEvent.objects.bulk_create(
+        LifecycleEvent(
+            workspace=workspace,
+            entry=None,
+            entry_ref=r["entry_ref"],
+            from_status=Status.TOMBSTONED,
+            to_status="purged",
+            reason="purge",
+            run=run,
+            actor=actor,
+            automatic=automatic,
+            created_at=now,
+            details={"lineage": r["lineage_ref"]},
+        )
+        for r in rows
+    )
+    return [r["entry_ref"] for r in rows]
 
 
 def flag_contradictions(ctx: RunContext) -> PassResult:

@@ -158,7 +158,8 @@ def effective_policy(workspace: Workspace, params: dict[str, Any] | None) -> Pol
         if value is None:
             continue
         if name == "exclude_tags":
-            overrides[name] = tuple(clean_tags(value))
+            # The caller's tags add to the policy's: a request can protect more, never less.
+            overrides[name] = tuple(dict.fromkeys([*policy.exclude_tags, *clean_tags(value)]))
         elif hasattr(policy, name):
             overrides[name] = clamp_value(name, value)
     return replace(policy, **overrides)
@@ -174,13 +175,19 @@ def _execute(ctx: RunContext, kind: str, progress: Callable[[str], None] | None)
 
 
 def _plan(ctx: RunContext, kind: str) -> Outcome:
+    """Every pass inside one transaction that is rolled back. Lease renewals inside it would be
+    rolled back too (and on SQLite would only lengthen the write lock), so they are skipped
+    and the lease is renewed once the plan is over: a lease lost meanwhile is noticed before
+    anything is applied."""
     outcome: Outcome | None = None
+    planning = replace(ctx, renew=lambda: True)
     try:
         with transaction.atomic():
-            outcome = _execute(ctx, kind, None)
+            outcome = _execute(planning, kind, None)
             raise _Rollback
     except _Rollback:
         pass
+    ctx.heartbeat()
     assert outcome is not None
     return outcome
 

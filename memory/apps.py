@@ -1,7 +1,22 @@
+from typing import Any
+
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+def _ensure_search_index(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
+    # SQLite rebuilds memory_entry for many schema changes, dropping the FTS triggers with it.
+    from django.db import connections
+
+    from memory.search import ensure_sqlite_index
+
+    ensure_sqlite_index(connections[using])
 
 
 class MemoryConfig(AppConfig):
     name = "memory"
     verbose_name = "Memory"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        post_migrate.connect(_ensure_search_index, sender=self, dispatch_uid="memory.search_index")

@@ -113,6 +113,13 @@ class BearerKey(HttpBearer):
 class MemberSession(SessionAuth):
     """Session auth of a workspace member (CSRF enforced by django-ninja)."""
 
+    def __call__(self, request: HttpRequest) -> Principal | None:
+        # Without a session this is not ours to judge: answering the CSRF check here would turn
+        # a missing key (401) into a 403.
+        if not request.user.is_authenticated:
+            return None
+        return super().__call__(request)  # type: ignore[no-any-return]
+
     def authenticate(self, request: HttpRequest, key: str | None) -> Principal | None:
         user = request.user
         if not user.is_authenticated:

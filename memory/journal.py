@@ -596,7 +596,7 @@ def _insert_rows(model: type[models.Model], rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
     columns = _columns(model)
-    defaults = {f.attname: f.get_default() for f, _ in columns if f.attname not in rows[0]}
+    defaults = {f.attname: f.get_default() for f, _ in columns}
     qn = connection.ops.quote_name
     sql = (
         f"INSERT INTO {qn(model._meta.db_table)} ({', '.join(qn(f.column) for f, _ in columns)}) "

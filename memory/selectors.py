@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
 
-from memory.models import Entry, Membership, Status, Workspace
+from maintenance import scoring
+from maintenance.scoring_db import relationship_count_expr
+from memory.errors import NotFound
+from memory.models import (
+    AnchorStatus,
+    CodeAnchor,
+    Entry,
+    EntryAccess,
+    LifecycleEvent,
+    Membership,
+    Relationship,
+    Status,
+    Tombstone,
+    Workspace,
+)
 
 
 def workspaces_for_user(user: Any) -> QuerySet[Workspace]:
@@ -53,3 +69,175 @@ def workspace_summaries(user: Any) -> list[dict[str, Any]]:
         }
         for ws in workspaces
     ]
+
+
+# --- entries (the API's reads) ----------------------------------------------------------------
+
+ENTRY_SORTS: dict[str, tuple[str, ...]] = {
+    "importance": ("-importance", "-id"),
+    "recent": ("-created_at", "-id"),
+    "retention": ("-retention", "-id"),
+}
+_ANCHOR_RANK: dict[str, int] = {AnchorStatus.VALID: 0, AnchorStatus.STALE: 1, AnchorStatus.INVALIDATED: 2}
+
+
+def entry_list(
+    workspace: Workspace,
+    *,
+    status: str | None = None,
+    entry_type: str | None = None,
+    tier: str | None = None,
+    tag: str | None = None,
+    project: str | None = None,
+    include_archived: bool = False,
+    include_staged: bool = False,
+    sort: str = "importance",
+) -> QuerySet[Entry]:
+    """Latest visible entries of the workspace, filtered and sorted, with their tags prefetched
+    (so a page costs the same number of queries whatever its size). Asking for
+    ``status=archived`` or ``status=staged`` implies including them."""
+    qs = Entry.objects.of(workspace).visible(
+        include_archived=include_archived or status == Status.ARCHIVED,
+        include_staged=include_staged or status == Status.STAGED,
+    )
+    if status:
+        qs = qs.filter(status=status)
+    if entry_type:
+        qs = qs.filter(entry_type=entry_type)
+    if tier:
+        qs = qs.filter(tier=tier)
+    if project is not None:
+        qs = qs.filter(project=project)
+    if tag:
+        # EXISTS rather than a join: no duplicate rows, and the same SQL on SQLite and PostgreSQL.
+        tagged = Entry.tags.through.objects.filter(
+            entry_id=OuterRef("pk"), tag__workspace=workspace, tag__name=tag
+        )
+        qs = qs.filter(Exists(tagged))
+    return qs.order_by(*ENTRY_SORTS[sort]).prefetch_related("tags")
+
+
+@dataclass(frozen=True)
+class LinkRow:
+    id: int
+    direction: str  # "out" or "in", seen from the entry
+    type: str
+    other_id: int
+    created_at: datetime
+    pruned_at: datetime | None
+
+
+@dataclass(frozen=True)
+class EntryDetail:
+    """An entry with what its page needs; unknown attributes are read from the entry."""
+
+    entry: Entry
+    readers: int
+    importance_breakdown: dict[str, Any]
+    anchors: list[CodeAnchor]
+    links: list[LinkRow]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.entry, name)
+
+
+def _lineage(entry: Entry) -> int:
+    return entry.lineage_id or entry.pk
+
+
+def entry_detail(workspace: Workspace, entry_id: int, *, now: datetime) -> EntryDetail:
+    """One entry (any version) with tags, anchors, links both ways, readers and the breakdown
+    of its importance as of ``now``, in a constant number of queries. Tombstoned lineages are
+    not found here (SPEC §3: tombstones show only on their own endpoints)."""
+    lineage_status = Entry.objects.filter(
+        workspace=workspace, lineage_id=OuterRef("lineage_id"), is_latest=True
+    ).values("status")[:1]
+    entry = (
+        Entry.objects.filter(workspace=workspace, pk=entry_id)
+        .annotate(
+            live_links=relationship_count_expr(),
+            live_causal=relationship_count_expr(causal_only=True),
+            lineage_status=Subquery(lineage_status),
+        )
+        .prefetch_related("tags", Prefetch("anchors", queryset=CodeAnchor.objects.order_by("pk")))
+        .first()
+    )
+    # The annotations are not known to the type checker; read them through an untyped name.
+    annotated: Any = entry
+    if entry is None or Status.TOMBSTONED in (entry.status, annotated.lineage_status):
+        raise NotFound(f"entry {entry_id} not found")
+    anchors = list(entry.anchors.all())
+    worst = max((a.status for a in anchors), key=lambda s: _ANCHOR_RANK.get(s, 0), default=AnchorStatus.VALID)
+    relationship_count = int(annotated.live_links)
+    causal_count = int(annotated.live_causal)
+    age_days = scoring.days_between(now.timestamp(), entry.created_at.timestamp())
+    breakdown = scoring.importance_breakdown(
+        impact_score=entry.impact_score,
+        significance_type=entry.significance_type,
+        relationship_count=relationship_count,
+        causal_count=causal_count,
+        age_days=age_days,
+        trust_score=entry.trust_score,
+        validation_status=entry.validation_status,
+        anchor_status=str(worst),
+    )
+    inputs = {
+        "relationship_count": relationship_count,
+        "causal_count": causal_count,
+        "age_days": age_days,
+        "anchor_status": str(worst),
+    }
+    links = [
+        LinkRow(
+            id=row["pk"],
+            direction="out" if row["from_entry_id"] == entry.pk else "in",
+            type=row["type"],
+            other_id=row["to_entry_id"] if row["from_entry_id"] == entry.pk else row["from_entry_id"],
+            created_at=row["created_at"],
+            pruned_at=row["pruned_at"],
+        )
+        for row in Relationship.objects.filter(workspace=workspace)
+        .filter(Q(from_entry_id=entry.pk) | Q(to_entry_id=entry.pk))
+        .order_by("pk")
+        .values("pk", "type", "from_entry_id", "to_entry_id", "created_at", "pruned_at")
+    ]
+    readers = EntryAccess.objects.filter(workspace=workspace, lineage_id=_lineage(entry)).count()
+    return EntryDetail(
+        entry=entry,
+        readers=readers,
+        importance_breakdown={**asdict(breakdown), **inputs},
+        anchors=anchors,
+        links=links,
+    )
+
+
+def entry_versions(workspace: Workspace, entry: Entry) -> QuerySet[Entry]:
+    """Every version of the entry's lineage, oldest first, tags prefetched."""
+    return (
+        Entry.objects.filter(workspace=workspace, lineage_id=_lineage(entry))
+        .order_by("created_at", "pk")
+        .prefetch_related("tags")
+    )
+
+
+def entry_history(workspace: Workspace, entry: Entry) -> QuerySet[LifecycleEvent]:
+    """The LifecycleEvents of every version of the entry's lineage, newest first."""
+    versions = Entry.objects.filter(workspace=workspace, lineage_id=_lineage(entry)).values("pk")
+    return LifecycleEvent.objects.filter(workspace=workspace, entry_ref__in=versions).order_by(
+        "-created_at", "-pk"
+    )
+
+
+def open_tombstone(workspace: Workspace, entry: Entry) -> Tombstone | None:
+    """The open (not restored, not purged) Tombstone of the entry's lineage, if any."""
+    return (
+        Tombstone.objects.filter(
+            workspace=workspace,
+            lineage_ref=_lineage(entry),
+            restored_at__isnull=True,
+            purged_at__isnull=True,
+            entry__isnull=False,
+        )
+        .order_by("-pk")
+        .first()
+    )

@@ -1,0 +1,401 @@
+"""In and Out schemas of the maintenance API (SPEC §4, §5), one per direction.
+
+In schemas forbid unknown keys and are strict (a JSON ``"true"`` is not a boolean and ``"5"`` is
+not a number): a maintenance request that does something other than what was typed can remove
+data. Run parameters carry the policy ranges as limits and are rejected outside them; a policy
+update is clamped into them instead, as SPEC §1 says of every stored policy value.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from django.utils import timezone
+from ninja import Field, Schema
+from pydantic import ConfigDict, StrictBool
+
+from maintenance.models import RunKind, RunStatus, RunTrigger
+from maintenance.policy import LIMITS
+from memory.models import TombstoneReason
+from memory.schemas import ErrorOut  # one error shape, one schema name in the OpenAPI document
+
+DB_ID_MAX = 2**63 - 1  # the largest id a BIGINT column holds (SQLite overflows beyond it)
+OFFSET_MAX = 1_000_000_000
+TAG_NAME_MAX = 100
+EXCLUDE_TAGS_MAX = 200
+TagName = Annotated[str, Field(max_length=TAG_NAME_MAX)]
+
+
+# Every refusal the API maps into one shape (config/api.py); declared so that clients and the
+# schema fuzzer know them.
+ERRORS: dict[frozenset[int], type[Schema]] = {frozenset({400, 401, 403, 404, 409, 413, 422, 429}): ErrorOut}
+
+
+class StrictIn(Schema):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# --- paths and lists ----------------------------------------------------------------------------
+
+
+class IdPath(Schema):
+    id: int = Field(ge=1, le=DB_ID_MAX)
+
+
+class PageIn(Schema):
+    limit: int = Field(50, ge=1, le=500)
+    offset: int = Field(0, ge=0, le=OFFSET_MAX)
+
+
+class RunListIn(PageIn):
+    kind: RunKind | None = None
+    status: RunStatus | None = None
+
+
+class TombstoneListIn(PageIn):
+    include_restored: bool = False
+    include_purged: bool = False
+    reason: TombstoneReason | None = None
+    run_id: int | None = Field(None, ge=1, le=DB_ID_MAX)
+
+
+# --- starting runs -------------------------------------------------------------------------------
+
+
+class RunIn(StrictIn):
+    dry_run: StrictBool | None = Field(
+        None,
+        description="Plan only, change nothing. Defaults to true for agent keys (which may only "
+        "dry-run) and false for operators and admins.",
+    )
+    force: StrictBool = Field(False, description="Apply even when the circuit breaker trips")
+
+
+def _limited(name: str) -> Any:
+    limit = LIMITS[name]
+    return Field(
+        None,
+        ge=int(limit.low) if limit.integer else limit.low,
+        le=int(limit.high) if limit.integer else limit.high,
+        allow_inf_nan=False,
+        description=f"omitted: the workspace policy ({limit.low:g}..{limit.high:g})",
+    )
+
+
+class PruneIn(RunIn):
+    archive_older_than_days: int | None = _limited("archive_older_than_days")
+    prune_older_than_days: int | None = _limited("prune_older_than_days")
+    hard_delete_older_than_days: int | None = _limited("hard_delete_older_than_days")
+    importance_threshold: float | None = _limited("importance_threshold")
+    exclude_tags: list[TagName] | None = Field(
+        None, max_length=EXCLUDE_TAGS_MAX, description="omitted: the workspace policy's exclude_tags"
+    )
+
+
+# --- run results (SPEC §4.1, §4.2) ---------------------------------------------------------------
+
+
+class CountsOut(Schema):
+    scored: int
+    staged_graduated: int
+    staged_expired: int
+    stale_marked: int
+    archived: int
+    low_quality_archived: int
+    summaries_created: int
+    consolidated: int
+    pruned: int
+    evicted: int
+    expired: int
+    reclaimed: int
+    links_pruned: int
+    hard_deleted: int
+    disputes_flagged: int
+    orphans: int
+
+
+class AffectedOut(Schema):
+    archived: list[int]
+    tombstoned: list[int]
+    purged: list[int]
+
+
+class RunResultOut(Schema):
+    run_id: int
+    workspace: str
+    kind: str
+    dry_run: bool
+    status: RunStatus = Field(
+        description="succeeded; blocked (circuit breaker, nothing changed); skipped (another "
+        "run holds the workspace's lease, nothing done); failed (see the run's error)"
+    )
+    backup_file: str | None
+    counts: CountsOut
+    affected: AffectedOut
+
+
+class PruneOut(Schema):
+    success: bool
+    archived_count: int
+    pruned_count: int
+    hard_deleted_count: int
+    backup_file: str | None
+    dry_run: bool
+    run_id: int
+    status: RunStatus
+
+
+class EvictedOut(Schema):
+    id: int
+    retention: float
+    age_days: float
+    access_count: int
+
+
+class ExpiredOut(Schema):
+    id: int
+    expired_at: datetime
+
+
+class DecayOut(Schema):
+    dry_run: bool
+    candidates_evaluated: int
+    evicted: list[EvictedOut]
+    expired: list[ExpiredOut]
+    hard_deleted: int
+    run_id: int
+    status: RunStatus
+
+
+# --- run history ---------------------------------------------------------------------------------
+
+
+class RunOut(Schema):
+    id: int
+    kind: RunKind
+    trigger: RunTrigger
+    dry_run: bool
+    forced: bool
+    status: RunStatus
+    actor: str
+    started_at: datetime
+    finished_at: datetime | None
+    counts: dict[str, int]
+    backup_file: str | None
+    error: str
+
+    @staticmethod
+    def resolve_backup_file(obj: Any) -> str | None:
+        return obj.backup_file or None
+
+
+class RunDetailOut(RunOut):
+    params: dict[str, Any] = Field(description="The effective parameters the run worked with")
+    affected: dict[str, list[int]]
+    result: dict[str, Any] = Field(description="The result object as returned when the run ended")
+
+
+class RunPageOut(Schema):
+    count: int
+    limit: int
+    offset: int
+    items: list[RunOut]
+
+
+class RevertOut(Schema):
+    run_id: int
+    reverted: list[int] = Field(description="Entries put back where the run found them")
+    skipped: list[int] = Field(description="Entries changed since (or purged): left alone")
+    links_restored: int
+
+
+# --- tombstones and backups ----------------------------------------------------------------------
+
+
+class TombstoneOut(Schema):
+    id: int
+    entry_id: int = Field(description="Kept after the entry is purged")
+    lineage_id: int
+    content_hash: str
+    reason: TombstoneReason
+    previous_status: str
+    created_at: datetime
+    purge_after: datetime
+    seconds_until_purge: int | None = Field(
+        description="0 when due; null once restored or purged",
+    )
+    restored_at: datetime | None
+    purged_at: datetime | None
+    run_id: int | None
+    actor: str
+
+    @staticmethod
+    def resolve_entry_id(obj: Any) -> int:
+        return int(obj.entry_ref)
+
+    @staticmethod
+    def resolve_lineage_id(obj: Any) -> int:
+        return int(obj.lineage_ref)
+
+    @staticmethod
+    def resolve_seconds_until_purge(obj: Any) -> int | None:
+        if obj.restored_at is not None or obj.purged_at is not None:
+            return None
+        return max(0, int((obj.purge_after - timezone.now()).total_seconds()))
+
+
+class TombstonePageOut(Schema):
+    count: int
+    limit: int
+    offset: int
+    items: list[TombstoneOut]
+
+
+class BackupOut(Schema):
+    id: int
+    file_name: str
+    reason: str
+    size_bytes: int
+    entry_count: int
+    sha256: str
+    run_id: int | None
+    created_at: datetime
+
+
+class BackupPageOut(Schema):
+    count: int
+    limit: int
+    offset: int
+    items: list[BackupOut]
+
+
+# --- policy --------------------------------------------------------------------------------------
+
+
+def _range(name: str) -> str:
+    limit = LIMITS[name]
+    return f"default {limit.default:g}, range {limit.low:g}..{limit.high:g}"
+
+
+def _setting_in(name: str) -> Any:
+    return Field(None, allow_inf_nan=False, description=_range(name) + "; clamped into the range")
+
+
+def _setting_out(name: str) -> Any:
+    return Field(description=_range(name))
+
+
+class PolicyIn(StrictIn):
+    """Every policy setting (SPEC §1), each optional: omitted or null leaves it as it is.
+    Out-of-range values are clamped into the setting's range."""
+
+    importance_threshold: float | None = _setting_in("importance_threshold")
+    archive_older_than_days: int | None = _setting_in("archive_older_than_days")
+    prune_older_than_days: int | None = _setting_in("prune_older_than_days")
+    hard_delete_older_than_days: int | None = _setting_in("hard_delete_older_than_days")
+    decay_lambda: float | None = _setting_in("decay_lambda")
+    decay_sigma: float | None = _setting_in("decay_sigma")
+    decay_mu: float | None = _setting_in("decay_mu")
+    salience_default: float | None = _setting_in("salience_default")
+    cold_threshold: float | None = _setting_in("cold_threshold")
+    breadth_weight: float | None = _setting_in("breadth_weight")
+    tombstone_grace_days: int | None = _setting_in("tombstone_grace_days")
+    decay_interval_seconds: int | None = _setting_in("decay_interval_seconds")
+    maintenance_interval_hours: int | None = _setting_in("maintenance_interval_hours")
+    stale_after_days: int | None = _setting_in("stale_after_days")
+    archive_after_days: int | None = _setting_in("archive_after_days")
+    reclaim_archived_after_days: int | None = _setting_in("reclaim_archived_after_days")
+    low_quality_min_age_days: int | None = _setting_in("low_quality_min_age_days")
+    contradiction_batch: int | None = _setting_in("contradiction_batch")
+    contradiction_max_flags: int | None = _setting_in("contradiction_max_flags")
+    consolidation_min_group: int | None = _setting_in("consolidation_min_group")
+    consolidation_min_age_days: int | None = _setting_in("consolidation_min_age_days")
+    max_tombstone_fraction: float | None = _setting_in("max_tombstone_fraction")
+    backups_keep: int | None = _setting_in("backups_keep")
+    exclude_tags: list[TagName] | None = Field(
+        None, max_length=EXCLUDE_TAGS_MAX, description="Tags no pass may touch"
+    )
+
+
+class PolicyOut(Schema):
+    """The effective (clamped) policy of the workspace; the next run reads it."""
+
+    importance_threshold: float = _setting_out("importance_threshold")
+    archive_older_than_days: int = _setting_out("archive_older_than_days")
+    prune_older_than_days: int = _setting_out("prune_older_than_days")
+    hard_delete_older_than_days: int = _setting_out("hard_delete_older_than_days")
+    decay_lambda: float = _setting_out("decay_lambda")
+    decay_sigma: float = _setting_out("decay_sigma")
+    decay_mu: float = _setting_out("decay_mu")
+    salience_default: float = _setting_out("salience_default")
+    cold_threshold: float = _setting_out("cold_threshold")
+    breadth_weight: float = _setting_out("breadth_weight")
+    tombstone_grace_days: int = _setting_out("tombstone_grace_days")
+    decay_interval_seconds: int = _setting_out("decay_interval_seconds")
+    maintenance_interval_hours: int = _setting_out("maintenance_interval_hours")
+    stale_after_days: int = _setting_out("stale_after_days")
+    archive_after_days: int = _setting_out("archive_after_days")
+    reclaim_archived_after_days: int = _setting_out("reclaim_archived_after_days")
+    low_quality_min_age_days: int = _setting_out("low_quality_min_age_days")
+    contradiction_batch: int = _setting_out("contradiction_batch")
+    contradiction_max_flags: int = _setting_out("contradiction_max_flags")
+    consolidation_min_group: int = _setting_out("consolidation_min_group")
+    consolidation_min_age_days: int = _setting_out("consolidation_min_age_days")
+    max_tombstone_fraction: float = _setting_out("max_tombstone_fraction")
+    backups_keep: int = _setting_out("backups_keep")
+    exclude_tags: list[str]
+    updated_at: datetime | None
+
+
+# --- stats ---------------------------------------------------------------------------------------
+
+
+class EntryCountsOut(Schema):
+    staged: int
+    active: int
+    stale: int
+    archived: int
+    tombstoned: int
+    total: int
+
+
+class LinkCountsOut(Schema):
+    active: int
+    pruned: int
+
+
+class AnchorCountsOut(Schema):
+    valid: int
+    stale: int
+    invalidated: int
+
+
+class LastRunOut(Schema):
+    id: int
+    status: RunStatus
+    dry_run: bool
+    trigger: RunTrigger
+    started_at: datetime
+    finished_at: datetime | None
+
+
+class LastRunsOut(Schema):
+    full: LastRunOut | None
+    prune: LastRunOut | None
+    decay: LastRunOut | None
+    hygiene: LastRunOut | None
+    contradictions: LastRunOut | None
+    consolidate: LastRunOut | None
+
+
+class StatsOut(Schema):
+    workspace: str
+    entries: EntryCountsOut = Field(description="Latest versions by status")
+    tags: int
+    links: LinkCountsOut
+    anchors: AnchorCountsOut
+    open_tombstones: int
+    open_disputes: int
+    last_runs: LastRunsOut = Field(description="The last started run of each kind")
+    policy: PolicyOut

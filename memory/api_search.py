@@ -1,0 +1,45 @@
+"""``GET /search`` (SPEC §5): full-text search of the caller's workspace (memory.search)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.http import HttpRequest
+from ninja import Query, Router, Schema
+
+from memory.api import ERRORS
+from memory.auth import require
+from memory.search import LIMIT_MAX, search
+
+router = Router(tags=["search"])
+
+
+class SearchHitOut(Schema):
+    id: int
+    title: str
+    snippet: str  # plain text; matched words between « and »
+    rank: float  # higher is better; comparable within one response only
+    importance: float
+    status: str
+    entry_type: str
+    created_at: datetime
+
+
+class SearchOut(Schema):
+    count: int  # all matches; items are the best `limit` of them
+    items: list[SearchHitOut]
+
+
+@router.get("/search", response={200: SearchOut, **ERRORS})
+def search_entries(
+    request: HttpRequest,
+    q: str,
+    limit: int = Query(20, ge=1, le=LIMIT_MAX),
+    include_archived: bool = False,
+) -> dict[str, object]:
+    """Latest active and stale entries matching ``q`` (archived ones with include_archived),
+    best first: text rank, then importance. Web-search syntax: words, "a phrase", -exclude,
+    or. An empty ``q`` or one over 500 characters is 422; stop words alone find nothing."""
+    who = require(request, "viewer")
+    result = search(who.workspace, q, limit=limit, include_archived=include_archived)
+    return {"count": result.count, "items": result.hits}

@@ -1,0 +1,359 @@
+"""Full-text search over a workspace's memories (SPEC §5 ``GET /search``), one behaviour on
+PostgreSQL and SQLite.
+
+The index lives in the database and is kept current by the database itself, so no write path
+can forget it (imports insert with raw ``executemany``, restores write raw SQL, sweeps update
+set-based): on PostgreSQL a stored generated ``tsvector`` column with a GIN index, on SQLite an
+external-content FTS5 table kept in sync by triggers. Both are created by migration
+``memory.0003_search`` and are not on the Django model, so the ORM never reads or writes them.
+
+Query syntax is web-search style, the same on both: words are ANDed, ``"quoted words"`` are a
+phrase, ``-word`` excludes, ``or`` between words is OR (AND binds tighter, as in
+PostgreSQL's ``websearch_to_tsquery``). The user's text is parsed here once and rendered for
+each backend from that parse, with every term quoted, so nothing a user types can reach the
+database as query syntax: no input raises. English stop words are ignored and words are
+stemmed ("caching" finds "cache") on both.
+
+Results are the latest versions with status active or stale (plus archived when asked for),
+never staged or tombstoned, of one workspace; ranked by text rank (title weighs more than
+content), then importance, then newest id. Snippets are plain text from the content with the
+matched words between ``«`` and ``»``; clients escape them like any other text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.dateparse import parse_datetime
+
+from memory.errors import InvalidInput
+from memory.models import Status, Workspace
+
+Q_MAX = 500  # characters
+LIMIT_MAX = 100
+MARK_START = "«"
+MARK_END = "»"
+SNIPPET_WORDS = 24  # words around the first match, on both backends
+TITLE_WEIGHT = 10.0  # SQLite bm25 column weights; PostgreSQL weighs title A (1.0), content B (0.4)
+CONTENT_WEIGHT = 5.0
+
+# PostgreSQL's english stop word list (tsearch_data/english.stop), applied on SQLite too so
+# that a query of only such words finds nothing on both backends instead of everything on one.
+_ENGLISH_STOP = """
+    i me my myself we our ours ourselves you your yours yourself yourselves he him his himself
+    she her hers herself it its itself they them their theirs themselves what which who whom
+    this that these those am is are was were be been being have has had having do does did
+    doing a an the and but if or because as until while of at by for with about against
+    between into through during before after above below to from up down in out on off over
+    under again further then once here there when where why how all any both each few more
+    most other some such no nor not only own same so than too very s t can will just don
+    should now
+"""
+STOP_WORDS = frozenset(_ENGLISH_STOP.split())
+
+# A quoted phrase (an unbalanced quote runs to the end), or a bare word; either may carry
+# leading dashes, which exclude it.
+_LEXEME = re.compile(r'(-*)"([^"]*)"?|([^\s"]+)')
+# Words as both tokenizers see them: letters and digits; everything else separates.
+_WORD = re.compile(r"[^\W_]+")
+_UNSAFE = re.compile(r"[\x00\ud800-\udfff]")  # NUL and lone surrogates: no driver takes them
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    id: int
+    title: str
+    snippet: str
+    rank: float  # higher is better; comparable within one result only
+    importance: float
+    status: str
+    entry_type: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    count: int  # all matches, of which ``hits`` are the best ``limit``
+    hits: list[SearchHit]
+
+
+@dataclass(frozen=True)
+class Term:
+    text: str  # as the user wrote it, without quotes or the excluding dash
+    words: tuple[str, ...]  # lower-cased, separators dropped
+    negated: bool
+
+    @property
+    def meaningful(self) -> bool:
+        return any(w not in STOP_WORDS for w in self.words)
+
+    def websearch(self) -> str:
+        # Inside quotes websearch_to_tsquery treats everything as words of one phrase, and the
+        # text has no quote of its own (the lexer ends a word at one). The user's own text
+        # rather than ``words`` so PostgreSQL's parser still sees paths, versions, hyphens.
+        return f'{"-" if self.negated else ""}"{self.text}"'
+
+    def fts5(self) -> str:
+        # Stop words at the edges of a phrase are dropped, as PostgreSQL drops them.
+        words = list(self.words)
+        while words and words[0] in STOP_WORDS:
+            words.pop(0)
+        while words and words[-1] in STOP_WORDS:
+            words.pop()
+        # Only letters, digits and spaces between the quotes: always a valid FTS5 string.
+        return '"' + " ".join(words) + '"'
+
+
+@dataclass(frozen=True)
+class ParsedQuery:
+    """An OR of AND-groups; each group has at least one term to find and any to exclude.
+
+    A group with only exclusions is dropped: it would match every entry that lacks the word,
+    and FTS5 cannot express it. No group left means nothing to search for.
+    """
+
+    groups: tuple[tuple[Term, ...], ...]
+
+    def websearch(self) -> str:
+        return " or ".join(" ".join(t.websearch() for t in group) for group in self.groups)
+
+    def fts5(self) -> str:
+        parts = []
+        for group in self.groups:
+            found = " AND ".join(t.fts5() for t in group if not t.negated)
+            excluded = "".join(f" NOT {t.fts5()}" for t in group if t.negated)
+            parts.append(f"(({found}){excluded})")
+        return " OR ".join(parts)
+
+
+def parse_query(q: str) -> ParsedQuery:
+    """Parse web-search syntax; never raises (validation of length is the caller's)."""
+    q = _UNSAFE.sub(" ", q)
+    groups: list[list[Term]] = [[]]
+    for match in _LEXEME.finditer(q):
+        dashes, phrase, word = match.groups()
+        if word is not None:
+            if word.lower() == "or":
+                if groups[-1]:
+                    groups.append([])
+                continue
+            stripped = word.lstrip("-")
+            negated, text = stripped != word, stripped
+        else:
+            negated, text = bool(dashes), phrase
+        term = Term(text=text, words=tuple(_WORD.findall(text.lower())), negated=negated)
+        if term.meaningful:
+            groups[-1].append(term)
+    kept = tuple(tuple(group) for group in groups if any(not t.negated for t in group))
+    return ParsedQuery(groups=kept)
+
+
+def search(
+    workspace: Workspace,
+    q: str,
+    *,
+    limit: int = 20,
+    include_archived: bool = False,
+) -> SearchResult:
+    """The best ``limit`` latest entries of ``workspace`` matching ``q``, with the total count.
+
+    One SQL statement. An empty or too long ``q`` or an out-of-range ``limit`` is
+    InvalidInput; a ``q`` of only stop words or punctuation finds nothing.
+    """
+    if not isinstance(q, str) or not q.strip():
+        raise InvalidInput("q: must not be empty")
+    if len(q) > Q_MAX:
+        raise InvalidInput(f"q: {len(q)} characters, at most {Q_MAX} allowed")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIMIT_MAX:
+        raise InvalidInput(f"limit: must be between 1 and {LIMIT_MAX}")
+    parsed = parse_query(q)
+    if not parsed.groups:
+        return SearchResult(count=0, hits=[])
+
+    statuses = [Status.ACTIVE.value, Status.STALE.value]
+    if include_archived:
+        statuses.append(Status.ARCHIVED.value)
+    if connection.vendor == "postgresql":
+        rows = _search_postgresql(workspace.pk, parsed, statuses, limit)
+    elif connection.vendor == "sqlite":
+        rows = _search_sqlite(workspace.pk, parsed, statuses, limit)
+    else:  # pragma: no cover - only the two supported databases have an index
+        raise NotImplementedError(f"search is not available on {connection.vendor}")
+
+    hits = [
+        SearchHit(
+            id=row[0],
+            title=row[1],
+            snippet=" ".join((row[2] or "").split()),
+            rank=float(row[3]),
+            importance=float(row[4]),
+            status=row[5],
+            entry_type=row[6],
+            created_at=_datetime(row[7]),
+        )
+        for row in rows
+    ]
+    return SearchResult(count=rows[0][8] if rows else 0, hits=hits)
+
+
+# ts_headline reads HTML tags as markup and leaves them out of the snippet; a zero-width space
+# after every "<" stops that (SQLite's snippet keeps them) and is taken out again afterwards.
+_ZWSP = "\u200b"
+_POSTGRESQL_SQL = """
+WITH ranked AS (
+    SELECT e.id, ts_rank_cd(e.search_vector, query) AS score, e.importance,
+           count(*) OVER () AS total
+    FROM memory_entry e, websearch_to_tsquery('english', %(q)s) AS query
+    WHERE e.search_vector @@ query
+      AND querytree(query) <> 'T'
+      AND e.workspace_id = %(workspace)s
+      AND e.is_latest
+      AND e.status = ANY(%(statuses)s)
+    ORDER BY score DESC, e.importance DESC, e.id DESC
+    LIMIT %(limit)s
+)
+SELECT e.id, e.title,
+       replace(
+           ts_headline('english', replace(e.content, '<', '<' || %(zwsp)s),
+                       websearch_to_tsquery('english', %(q)s), %(headline)s),
+           %(zwsp)s, ''),
+       r.score, e.importance, e.status, e.entry_type, e.created_at, r.total
+FROM ranked r JOIN memory_entry e ON e.id = r.id
+ORDER BY r.score DESC, r.importance DESC, r.id DESC
+"""
+# querytree() is 'T' for a query that only excludes: a guard should PostgreSQL's parser drop
+# a word this module kept, since such a query would match everything without the excluded word.
+# The headline is computed for the returned rows only, not for every match.
+
+
+def _search_postgresql(workspace_id: int, parsed: ParsedQuery, statuses: list[str], limit: int) -> list[Any]:
+    params: dict[str, Any] = {
+        "q": parsed.websearch(),
+        "workspace": workspace_id,
+        "statuses": statuses,
+        "limit": limit,
+        "zwsp": _ZWSP,
+        "headline": (
+            f'StartSel="{MARK_START}", StopSel="{MARK_END}", '
+            f"MaxWords={SNIPPET_WORDS}, MinWords={SNIPPET_WORDS // 3}"
+        ),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_POSTGRESQL_SQL, params)
+        return cursor.fetchall()
+
+
+# bm25() is lower for better matches, hence the minus: "rank" is higher-is-better everywhere.
+# FTS5's auxiliary functions only work in the query that does the MATCH and not under a window
+# function, so the matches are ranked first and the snippet is made in a second MATCH limited
+# to the returned rowids: for the returned rows only, not for every match. CROSS JOIN fixes
+# SQLite's join order: left to right, the index first (the planner otherwise may walk the
+# workspace's entries and run the full-text query once per entry).
+_SQLITE_SQL = """
+WITH matches AS MATERIALIZED (
+    SELECT e.id, -bm25(memory_entry_fts, %s, %s) AS score, e.importance
+    FROM memory_entry_fts CROSS JOIN memory_entry e ON e.id = memory_entry_fts.rowid
+    WHERE memory_entry_fts MATCH %s
+      AND e.workspace_id = %s
+      AND e.is_latest
+      AND e.status IN ({statuses})
+),
+ranked AS MATERIALIZED (
+    SELECT id, score, importance, (SELECT count(*) FROM matches) AS total
+    FROM matches
+    ORDER BY score DESC, importance DESC, id DESC
+    LIMIT %s
+)
+SELECT e.id, e.title,
+       snippet(memory_entry_fts, 1, %s, %s, '', %s),
+       r.score, e.importance, e.status, e.entry_type, e.created_at, r.total
+FROM ranked r
+CROSS JOIN memory_entry_fts ON memory_entry_fts.rowid = r.id
+CROSS JOIN memory_entry e ON e.id = r.id
+WHERE memory_entry_fts MATCH %s
+ORDER BY r.score DESC, r.importance DESC, r.id DESC
+"""
+
+
+def _search_sqlite(workspace_id: int, parsed: ParsedQuery, statuses: list[str], limit: int) -> list[Any]:
+    sql = _SQLITE_SQL.format(statuses=", ".join(["%s"] * len(statuses)))
+    match = parsed.fts5()
+    params: list[Any] = [
+        TITLE_WEIGHT,
+        CONTENT_WEIGHT,
+        match,
+        workspace_id,
+        *statuses,
+        limit,
+        MARK_START,
+        MARK_END,
+        SNIPPET_WORDS,
+        match,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _datetime(value: Any) -> datetime:
+    """What the ORM would make of a raw column: SQLite stores naive UTC (as text, or parsed
+    into a naive datetime by Django's converters); PostgreSQL returns an aware datetime."""
+    parsed = value if isinstance(value, datetime) else parse_datetime(value)
+    if parsed is None:  # pragma: no cover - Django always writes ISO text
+        raise ValueError(f"not a datetime: {value!r}")
+    if settings.USE_TZ and parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed
+
+
+# --- keeping the SQLite index attached ------------------------------------------------------
+
+# The triggers as migration memory.0003_search creates them. Django's SQLite schema editor
+# rebuilds a table for many ALTERs (copy to a new table, drop the old, rename), and dropping
+# memory_entry drops its triggers with it: the index would silently stop following writes.
+SQLITE_TRIGGERS = {
+    "memory_entry_fts_ai": """
+        CREATE TRIGGER IF NOT EXISTS memory_entry_fts_ai AFTER INSERT ON memory_entry BEGIN
+            INSERT INTO memory_entry_fts(rowid, title, content) VALUES (new.id, new.title, new.content);
+        END""",
+    "memory_entry_fts_ad": """
+        CREATE TRIGGER IF NOT EXISTS memory_entry_fts_ad AFTER DELETE ON memory_entry BEGIN
+            INSERT INTO memory_entry_fts(memory_entry_fts, rowid, title, content)
+            VALUES ('delete', old.id, old.title, old.content);
+        END""",
+    "memory_entry_fts_au": """
+        CREATE TRIGGER IF NOT EXISTS memory_entry_fts_au AFTER UPDATE OF title, content ON memory_entry
+        BEGIN
+            INSERT INTO memory_entry_fts(memory_entry_fts, rowid, title, content)
+            VALUES ('delete', old.id, old.title, old.content);
+            INSERT INTO memory_entry_fts(rowid, title, content) VALUES (new.id, new.title, new.content);
+        END""",
+}
+
+
+def ensure_sqlite_index(conn: BaseDatabaseWrapper | None = None) -> bool:
+    """Re-create missing SQLite triggers and rebuild the index from the entries; True if it
+    had to. Meant for ``post_migrate``, after any migration that rebuilt memory_entry. A no-op
+    on PostgreSQL (a generated column survives ALTER TABLE) and before migration 0003."""
+    conn = conn or connection
+    if conn.vendor != "sqlite":
+        return False
+    with conn.cursor() as cursor:
+        cursor.execute(
+            "SELECT type, name FROM sqlite_master WHERE name = 'memory_entry_fts' "
+            "OR (type = 'trigger' AND tbl_name = 'memory_entry')"
+        )
+        present = {name for _, name in cursor.fetchall()}
+        if "memory_entry_fts" not in present or set(SQLITE_TRIGGERS) <= present:
+            return False
+        for name, sql in SQLITE_TRIGGERS.items():
+            if name not in present:
+                cursor.execute(sql)
+        cursor.execute("INSERT INTO memory_entry_fts(memory_entry_fts) VALUES ('rebuild')")
+    return True

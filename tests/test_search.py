@@ -1,0 +1,409 @@
+"""Full-text search (SPEC §5 GET /search): the same behaviour on SQLite (FTS5) and PostgreSQL
+(tsvector): words, stems, phrases, exclusions and OR; text rank before importance; latest live
+entries of one workspace only; an index that follows every write path, raw SQL included; no
+input that raises."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test import Client
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memory import services
+from memory.errors import InvalidInput
+from memory.journal import SAMPLE_PATH, import_journal
+from memory.models import Entry, Status, Workspace
+from memory.search import MARK_END, MARK_START, ensure_sqlite_index, parse_query, search
+
+pytestmark = pytest.mark.django_db
+
+
+def _entry(workspace: Workspace, content: str, title: str = "", **fields) -> Entry:
+    return services.entry_create(workspace=workspace, content=content, title=title, **fields)
+
+
+def _ids(workspace: Workspace, q: str, **kwargs) -> list[int]:
+    return [hit.id for hit in search(workspace, q, **kwargs).hits]
+
+
+# --- matching -------------------------------------------------------------------------------
+
+
+def test_it_finds_an_entry_by_a_word_of_its_content(workspace):
+    found = _entry(workspace, "The deploy script restarts the queue workers")
+    _entry(workspace, "Nothing to see here")
+
+    assert _ids(workspace, "workers") == [found.pk]
+    assert _ids(workspace, "WORKERS") == [found.pk]
+
+
+def test_it_finds_a_word_by_its_stem_in_both_directions(workspace):
+    cache = _entry(workspace, "We cache the rendered template")
+    caching = _entry(workspace, "Caching made the page fast")
+
+    assert set(_ids(workspace, "caching")) == {cache.pk, caching.pk}
+    assert set(_ids(workspace, "cache")) == {cache.pk, caching.pk}
+
+
+def test_all_words_must_be_present(workspace):
+    both = _entry(workspace, "redis holds the session store")
+    _entry(workspace, "redis holds the rate limits")
+
+    assert _ids(workspace, "redis session") == [both.pk]
+
+
+def test_a_quoted_phrase_needs_its_words_together_and_in_order(workspace):
+    phrase = _entry(workspace, "Use the connection pool for every request")
+    _entry(workspace, "The pool of workers keeps a connection each")
+
+    assert _ids(workspace, '"connection pool"') == [phrase.pk]
+
+
+def test_a_dashed_word_excludes_the_entries_that_contain_it(workspace):
+    kept = _entry(workspace, "Migrations run on deploy")
+    _entry(workspace, "Migrations run on deploy, except on sqlite")
+
+    assert _ids(workspace, "migrations -sqlite") == [kept.pk]
+    assert _ids(workspace, 'migrations -"except on sqlite"') == [kept.pk]
+
+
+def test_or_finds_entries_with_either_word(workspace):
+    postgres = _entry(workspace, "postgres needs a GIN index")
+    sqlite = _entry(workspace, "sqlite needs an FTS5 table")
+    _entry(workspace, "mysql is not supported")
+
+    assert set(_ids(workspace, "postgres or sqlite")) == {postgres.pk, sqlite.pk}
+    assert set(_ids(workspace, "postgres OR sqlite")) == {postgres.pk, sqlite.pk}
+
+
+def test_and_binds_tighter_than_or(workspace):
+    a = _entry(workspace, "alpha bravo")
+    c = _entry(workspace, "charlie")
+    _entry(workspace, "alpha delta")
+
+    assert set(_ids(workspace, "alpha bravo or charlie")) == {a.pk, c.pk}
+
+
+def test_a_query_of_only_stop_words_or_punctuation_finds_nothing(workspace):
+    _entry(workspace, "The one and only thing that is there")
+
+    for q in ["the", "and or not", "!!! ??? ...", '"the a"', "-", "don't"]:
+        assert search(workspace, q).hits == [], q
+        assert search(workspace, q).count == 0, q
+
+
+def test_a_query_that_only_excludes_finds_nothing(workspace):
+    _entry(workspace, "An entry without the word")
+
+    assert _ids(workspace, "-redis") == []
+    assert _ids(workspace, "entry or -redis") == _ids(workspace, "entry")
+
+
+# --- ranking --------------------------------------------------------------------------------
+
+
+def test_a_title_hit_outranks_a_body_only_hit(workspace):
+    body = _entry(workspace, "Notes about throttling the importer", title="Importer notes")
+    title = _entry(workspace, "Notes about the importer", title="Throttling")
+    Entry.objects.filter(pk=body.pk).update(importance=1.0)
+    Entry.objects.filter(pk=title.pk).update(importance=0.0)
+
+    hits = search(workspace, "throttling").hits
+
+    assert [h.id for h in hits] == [title.pk, body.pk]
+    assert hits[0].rank > hits[1].rank > 0
+
+
+def test_equal_text_rank_puts_higher_importance_first(workspace):
+    low = _entry(workspace, "Rotate the signing keys yearly", title="Keys")
+    high = _entry(workspace, "Rotate the signing keys yearly", title="Keys")
+    middle = _entry(workspace, "Rotate the signing keys yearly", title="Keys")
+    Entry.objects.filter(pk=low.pk).update(importance=0.1)
+    Entry.objects.filter(pk=high.pk).update(importance=0.9)
+    Entry.objects.filter(pk=middle.pk).update(importance=0.5)
+
+    assert _ids(workspace, "signing keys") == [high.pk, middle.pk, low.pk]
+
+
+def test_limit_caps_the_hits_and_count_tells_all_matches(workspace):
+    for n in range(5):
+        _entry(workspace, f"Batch note number {n} about retries")
+
+    result = search(workspace, "retries", limit=2)
+
+    assert result.count == 5
+    assert len(result.hits) == 2
+
+
+# --- what is visible ------------------------------------------------------------------------
+
+
+def test_archived_entries_are_hidden_unless_asked_for(workspace):
+    entry = _entry(workspace, "An old decision about logging")
+    services.entry_set_status(workspace=workspace, entry_id=entry.pk, status=Status.ARCHIVED, reason="manual")
+
+    assert _ids(workspace, "logging") == []
+    hits = search(workspace, "logging", include_archived=True).hits
+    assert [h.id for h in hits] == [entry.pk]
+    assert hits[0].status == Status.ARCHIVED
+
+
+def test_stale_entries_are_found(workspace):
+    entry = _entry(workspace, "A stale note about webhooks")
+    services.entry_set_status(workspace=workspace, entry_id=entry.pk, status=Status.STALE, reason="manual")
+
+    assert _ids(workspace, "webhooks") == [entry.pk]
+
+
+def test_staged_and_tombstoned_entries_are_never_found(workspace):
+    _entry(workspace, "A staged trace about pagination", staged_class="evidence")
+    gone = _entry(workspace, "A deleted note about pagination")
+    services.entry_tombstone(workspace=workspace, entry_id=gone.pk)
+
+    assert _ids(workspace, "pagination") == []
+    assert _ids(workspace, "pagination", include_archived=True) == []
+
+
+def test_old_versions_are_never_found(workspace):
+    first = _entry(workspace, "Timeouts are thirty seconds")
+    result = services.entry_update(
+        workspace=workspace, entry_id=first.pk, content="Timeouts are ninety seconds"
+    )
+
+    assert _ids(workspace, "thirty") == []
+    assert _ids(workspace, "ninety") == [result.entry.pk]
+    assert _ids(workspace, "timeouts") == [result.entry.pk]
+
+
+def test_another_workspaces_entries_are_never_found(workspace, other_workspace):
+    ours = _entry(workspace, "Our secret about billing")
+    _entry(other_workspace, "Their secret about billing")
+
+    assert _ids(workspace, "billing") == [ours.pk]
+
+
+# --- the hit --------------------------------------------------------------------------------
+
+
+def test_the_hit_carries_a_snippet_with_the_matched_words_marked(workspace):
+    words = " ".join(f"filler{n}" for n in range(60))
+    entry = _entry(workspace, f"{words} the scheduler <b>drifts</b> after midnight {words}", title="Cron")
+
+    (hit,) = search(workspace, "scheduler drifting").hits
+
+    assert hit.id == entry.pk
+    assert hit.title == "Cron"
+    assert f"{MARK_START}scheduler{MARK_END}" in hit.snippet
+    assert f"{MARK_START}drifts{MARK_END}" in hit.snippet
+    assert "<b>" in hit.snippet  # plain text: markup in the content is kept, never interpreted
+    assert len(hit.snippet.split()) < 40
+    assert "\n" not in hit.snippet
+    assert hit.status == Status.ACTIVE
+    assert hit.entry_type == entry.entry_type
+    assert hit.created_at == entry.created_at
+    assert hit.importance == pytest.approx(entry.importance)
+
+
+# --- the index follows every write path -----------------------------------------------------
+
+
+def test_the_index_follows_set_based_updates(workspace):
+    entry = _entry(workspace, "Original wording")
+    Entry.objects.filter(pk=entry.pk).update(content="Rewritten by a sweep", title="Sweeper")
+
+    assert _ids(workspace, "original") == []
+    assert _ids(workspace, "rewritten") == [entry.pk]
+    assert _ids(workspace, "sweeper") == [entry.pk]
+
+
+def test_the_index_follows_raw_inserts_of_an_import(workspace):
+    counts = import_journal(workspace=workspace, path=SAMPLE_PATH)
+    assert counts.created == 300
+
+    result = search(workspace, "setuptools")
+
+    assert result.count == 3
+    assert all("setuptools" in Entry.objects.get(pk=h.id).content.lower() for h in result.hits)
+
+
+def test_the_index_forgets_deleted_rows(workspace):
+    entry = _entry(workspace, "Purged lineages vanish")
+    Entry.objects.filter(pk=entry.pk).delete()
+
+    assert _ids(workspace, "lineages") == []
+    # A new row that takes the freed id (SQLite reuses it) is found by its own words only.
+    _entry(workspace, "Something else entirely")
+    assert _ids(workspace, "lineages") == []
+
+
+# --- input that must never raise ------------------------------------------------------------
+
+NASTY = [
+    '"',
+    '"""',
+    'unbalanced "quote',
+    "unbalanced quote\"'",
+    "(cache",
+    "cache)",
+    "(a OR b) AND NOT c",
+    "cache*",
+    "*",
+    "title:cache",
+    "content : cache",
+    "^cache",
+    "NEAR(cache redis, 2)",
+    "cache NEAR redis",
+    "AND",
+    "OR",
+    "NOT",
+    "cache AND",
+    "OR cache OR",
+    "- -- ---",
+    "-(cache)",
+    "cache -",
+    "\\",
+    '\\"',
+    "'; DROP TABLE memory_entry; --",
+    "%s %(q)s ?",
+    "{}[]<>|&!~@#$%^&*()+=",
+    "caché ÜBER naïve",
+    "数据库 缓存",
+    "emoji 🎉 cache",
+    "nul\x00byte cache",
+    "lone \ud800 surrogate",
+    "config/settings.py",
+    "3.5 v2.0 foo-bar snake_case",
+]
+
+
+@pytest.mark.parametrize("q", NASTY)
+def test_fts_syntax_characters_in_the_query_never_raise(workspace, q):
+    _entry(workspace, "A cache in front of redis (see config/settings.py)")
+
+    result = search(workspace, q, include_archived=True)
+
+    assert result.count >= len(result.hits) >= 0
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(q=st.text(min_size=1, max_size=80).filter(lambda s: s.strip()))
+def test_any_text_as_a_query_never_raises(workspace, q):
+    search(workspace, q)
+
+
+def test_an_empty_or_too_long_query_or_a_bad_limit_is_invalid(workspace):
+    for q in ["", "   ", "\n\t"]:
+        with pytest.raises(InvalidInput):
+            search(workspace, q)
+    with pytest.raises(InvalidInput):
+        search(workspace, "x" * 501)
+    search(workspace, "x" * 500)
+    for limit in [0, 101, -1]:
+        with pytest.raises(InvalidInput):
+            search(workspace, "x", limit=limit)
+
+
+def test_every_term_reaches_the_database_quoted():
+    parsed = parse_query('alpha -bravo* "charlie (delta" or NEAR:echo the')
+
+    assert parsed.fts5() == '(("alpha" AND "charlie delta") NOT "bravo") OR (("near echo"))'
+    assert parsed.websearch() == '"alpha" -"bravo*" "charlie (delta" or "NEAR:echo"'
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite triggers")
+def test_ensure_sqlite_index_restores_triggers_a_table_rebuild_dropped(workspace):
+    entry = _entry(workspace, "Before the rebuild")
+    assert ensure_sqlite_index() is False
+    with connection.cursor() as cursor:
+        for name in ("memory_entry_fts_ai", "memory_entry_fts_au"):
+            cursor.execute(f"DROP TRIGGER {name}")
+    Entry.objects.filter(pk=entry.pk).update(content="After the rebuild")  # missed by the index
+
+    assert ensure_sqlite_index() is True
+
+    assert _ids(workspace, "after rebuild") == [entry.pk]
+    assert _ids(workspace, "before") == []
+    assert ensure_sqlite_index() is False
+
+
+# --- the API --------------------------------------------------------------------------------
+
+
+def _client(workspace: Workspace) -> Client:
+    _, raw = services.api_key_create(workspace=workspace, name="bot", role="agent")
+    return Client(headers={"Authorization": f"Bearer {raw}"})
+
+
+def test_the_endpoint_returns_count_and_ranked_items(workspace):
+    title = _entry(workspace, "How we shard the queue", title="Sharding")
+    body = _entry(workspace, "Sharding notes for the queue")
+
+    response = _client(workspace).get("/api/v1/search", {"q": "sharding", "limit": 5})
+
+    assert response.status_code == 200, response.content
+    data = response.json()
+    assert data["count"] == 2
+    assert [item["id"] for item in data["items"]] == [title.pk, body.pk]
+    assert set(data["items"][0]) == {
+        "id",
+        "title",
+        "snippet",
+        "rank",
+        "importance",
+        "status",
+        "entry_type",
+        "created_at",
+    }
+
+
+def test_the_endpoint_shows_archived_entries_only_when_asked(workspace):
+    entry = _entry(workspace, "An archived runbook")
+    services.entry_set_status(workspace=workspace, entry_id=entry.pk, status=Status.ARCHIVED, reason="manual")
+    client = _client(workspace)
+
+    assert client.get("/api/v1/search", {"q": "runbook"}).json()["count"] == 0
+    shown = client.get("/api/v1/search", {"q": "runbook", "include_archived": "true"}).json()
+    assert [item["id"] for item in shown["items"]] == [entry.pk]
+
+
+def test_an_empty_query_is_422_not_500(workspace):
+    client = _client(workspace)
+
+    for params in [
+        {"q": ""},
+        {"q": "   "},
+        {},
+        {"q": "x" * 501},
+        {"q": "x", "limit": 0},
+        {"q": "x", "limit": 101},
+    ]:
+        response = client.get("/api/v1/search", params)
+        assert response.status_code == 422, (params, response.content)
+        assert "detail" in response.json()
+
+
+def test_fts_syntax_through_the_endpoint_is_never_a_500(workspace):
+    _entry(workspace, "A cache in front of redis")
+    client = _client(workspace)
+
+    for q in ['"unbalanced', "NEAR(a b)", "a AND OR NOT b", "*:^", "-"]:
+        assert client.get("/api/v1/search", {"q": q}).status_code == 200, q
+
+
+def test_another_workspaces_key_does_not_see_the_entries(workspace, other_workspace):
+    _entry(workspace, "Our private runbook")
+
+    response = _client(other_workspace).get("/api/v1/search", {"q": "runbook"})
+
+    assert response.status_code == 200
+    assert response.json() == {"count": 0, "items": []}
+
+
+def test_an_unauthenticated_request_is_401(workspace):
+    _entry(workspace, "Our private runbook")
+
+    response = Client().get("/api/v1/search", {"q": "runbook"})
+
+    assert response.status_code == 401
