@@ -34,9 +34,25 @@ def _revertible(workspace: Workspace) -> QuerySet[LifecycleEvent]:
         automatic=True,
         reverted_at__isnull=True,
         entry__isnull=False,
-        entry__is_latest=True,
         to_status__in=REVERTIBLE_TO,
     )
+
+
+def _latest_ids(workspace: Workspace, entry_ids: Iterable[int]) -> dict[int, int]:
+    """Each entry id → the id of its lineage's latest version. An event belongs to the version
+    it changed; after a content update the change lives on in the newer version."""
+    lineage_of = {
+        pk: lineage or pk
+        for pk, lineage in Entry.objects.filter(workspace=workspace, pk__in=set(entry_ids)).values_list(
+            "pk", "lineage_id"
+        )
+    }
+    latest = dict(
+        Entry.objects.filter(
+            workspace=workspace, lineage_id__in=set(lineage_of.values()), is_latest=True
+        ).values_list("lineage_id", "pk")
+    )
+    return {pk: latest[lineage] for pk, lineage in lineage_of.items() if lineage in latest}
 
 
 def revert_events(
@@ -46,10 +62,12 @@ def revert_events(
     match the entry's current status; the entry goes back to the status before the oldest one.
     Returns {"reverted": [entry ids], "skipped": [entry ids]}."""
     now = now or timezone.now()
+    events = [e for e in events if e.entry_id is not None]
+    latest_of = _latest_ids(workspace, [e.entry_id for e in events if e.entry_id is not None])
     by_entry: dict[int, list[LifecycleEvent]] = defaultdict(list)
     for event in events:
-        if event.entry_id is not None:
-            by_entry[event.entry_id].append(event)
+        if event.entry_id in latest_of:
+            by_entry[latest_of[event.entry_id]].append(event)
     if not by_entry:
         return {"reverted": [], "skipped": []}
     with transaction.atomic():
@@ -82,7 +100,7 @@ def revert_events(
                 Tombstone.objects.filter(
                     entry_id__in=ids, restored_at__isnull=True, purged_at__isnull=True
                 ).update(restored_at=now)
-        newest_by_entry = {e.entry_id: e for e in undone}  # the last one per entry wins (sorted)
+        newest_by_entry = {entry_id: by_entry[entry_id][-1] for entry_id in reverted}  # lists are sorted
         LifecycleEvent.objects.bulk_create(
             LifecycleEvent(
                 workspace=workspace,
@@ -107,14 +125,16 @@ def revert_events(
 
 
 def _newest_event_ids(entry_ids: list[int]) -> dict[int, int]:
+    """For each latest entry id, the newest event of any version of its lineage."""
+    lineage_to_latest = dict(Entry.objects.filter(pk__in=entry_ids).values_list("lineage_id", "pk"))
     newest: dict[int, int] = {}
     rows = (
-        LifecycleEvent.objects.filter(entry_id__in=entry_ids)
-        .order_by("entry_id", "created_at", "pk")
-        .values_list("entry_id", "pk")
+        LifecycleEvent.objects.filter(entry__lineage_id__in=list(lineage_to_latest))
+        .order_by("created_at", "pk")
+        .values_list("entry__lineage_id", "pk")
     )
-    for entry_id, pk in rows:
-        newest[entry_id] = pk  # ascending order: the last one seen is the newest
+    for lineage, pk in rows:
+        newest[lineage_to_latest[lineage]] = pk  # ascending order: the last one seen is the newest
     return newest
 
 
@@ -122,7 +142,14 @@ def revert_entry(
     workspace: Workspace, entry_id: int, *, actor: str, now: datetime | None = None
 ) -> dict[str, Any]:
     """Undo the newest automatic transition of one entry."""
-    event = _revertible(workspace).filter(entry_id=entry_id).order_by("-created_at", "-pk").first()
+    lineage = (
+        Entry.objects.filter(workspace=workspace, pk=entry_id).values_list("lineage_id", flat=True).first()
+    )
+    event = (
+        _revertible(workspace).filter(entry__lineage_id=lineage).order_by("-created_at", "-pk").first()
+        if lineage
+        else None
+    )
     if event is None:
         if not Entry.objects.filter(workspace=workspace, pk=entry_id).exists():
             raise NotFound(f"entry {entry_id} not found")
@@ -135,10 +162,16 @@ def revert_selection(
 ) -> dict[str, Any]:
     """Undo the newest automatic transition of each selected entry (ids of other workspaces
     are simply not found)."""
+    lineages = Entry.objects.filter(workspace=workspace, pk__in=list(entry_ids)).values("lineage_id")
     newest: dict[int, LifecycleEvent] = {}
-    for event in _revertible(workspace).filter(entry_id__in=list(entry_ids)).order_by("created_at", "pk"):
-        assert event.entry_id is not None
-        newest[event.entry_id] = event
+    for event in (
+        _revertible(workspace)
+        .filter(entry__lineage_id__in=lineages)
+        .select_related("entry")
+        .order_by("created_at", "pk")
+    ):
+        assert event.entry is not None
+        newest[event.entry.lineage_id or event.entry.pk] = event
     return revert_events(workspace, newest.values(), actor=actor, now=now)
 
 

@@ -132,3 +132,16 @@ def test_revert_run_command(workspace, now):
     out = StringIO()
     call_command("revert_run", str(result["run_id"]), "--workspace", workspace.slug, "--json", stdout=out)
     assert json.loads(out.getvalue())["reverted"] == [a.pk]
+
+
+def test_an_archive_stays_revertible_after_the_entry_gets_new_content(workspace, now):
+    stale = old(workspace, now, days=500, status="stale", status_changed_at=now - timedelta(days=200))
+    MaintenancePolicy.objects.filter(workspace=workspace).update(cold_threshold=0.0)
+    result = run_maintenance(workspace=workspace, now=now)
+    assert status(stale) == "archived"
+    newer = services.entry_update(workspace=workspace, entry_id=stale.pk, content="rewritten", now=now).entry
+    assert status(newer) == "archived"
+    reverted = revert_run(workspace, result["run_id"], actor="user:op", now=now + timedelta(minutes=1))
+    assert reverted["reverted"] == [newer.pk]
+    assert status(newer) == "stale"
+    assert LifecycleEvent.objects.get(entry=newer, reason="revert").reverts.entry_id == stale.pk
