@@ -60,6 +60,10 @@ class RunContext:
     renew: Callable[[], bool] = lambda: True
     # Called once, before the first batch of a destructive pass that changes a row.
     before_destructive: Callable[[], None] = lambda: None
+    # The caller of a prune passed hard_delete_older_than_days explicitly: that grace applies
+    # at once. Otherwise a tombstone is also kept until its own purge_after, so lowering the
+    # grace in the policy never purges earlier than the countdown an operator was shown.
+    explicit_grace: bool = False
 
     def heartbeat(self) -> None:
         if not self.renew():
@@ -442,6 +446,8 @@ def purge(ctx: RunContext) -> PassResult:
         created_at__lte=cutoff,
         entry__isnull=False,
     )
+    if not ctx.explicit_grace:
+        due = due.filter(purge_after__lte=ctx.now)
     result = PassResult()
     while True:
         with transaction.atomic():

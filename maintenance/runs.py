@@ -293,6 +293,8 @@ def run_maintenance(
             actor=actor,
             batch_size=batch_size,
             renew=lambda: lease.renew(workspace, holder=holder, now=timezone.now()),
+            explicit_grace=kind == RunKind.PRUNE
+            and (params or {}).get("hard_delete_older_than_days") is not None,
         )
         plan = _plan(ctx, kind)
         blocked = breaker_trips(plan, _live_count(workspace), policy)

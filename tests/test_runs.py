@@ -554,3 +554,13 @@ def test_prune_and_sweep_commands_print_their_shapes(workspace, now):
         "hard_deleted",
         "run_id",
     }
+
+
+def test_lowering_the_grace_never_purges_before_the_countdown_shown(workspace, now):
+    entry = make(workspace, now)
+    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now - timedelta(days=2))
+    policy(workspace, tombstone_grace_days=1)
+    assert run(workspace, now, kind="decay")["counts"]["hard_deleted"] == 0
+    assert Tombstone.objects.get(entry_ref=entry.pk).purge_after == now - timedelta(days=2) + timedelta(
+        days=180
+    )
