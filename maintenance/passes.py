@@ -21,7 +21,7 @@ from django.db.models import Case, Exists, F, OuterRef, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce, Least
 
 from maintenance.policy import PolicyValues
-from maintenance.scoring_db import refresh_scores
+from maintenance.scoring_db import counted_end, refresh_scores
 from memory.models import (
     MANAGED_SOURCES,
     Entry,
@@ -98,25 +98,25 @@ def unprotected(qs: QuerySet[Entry], ctx: RunContext, *, honour_pin: bool = True
     return qs
 
 
-def live_link_exists() -> Exists | Any:
+def live_link_exists(now: datetime) -> Exists | Any:
     """An active (not pruned) link, in either direction, to a latest entry that is not
-    tombstoned."""
+    tombstoned (or was tombstoned at or after the run's ``now``: see ``counted_end``)."""
     out = Relationship.objects.filter(
-        from_entry=OuterRef("pk"), pruned_at__isnull=True, to_entry__is_latest=True
-    ).exclude(to_entry__status=Status.TOMBSTONED)
+        counted_end("to_entry", now), from_entry=OuterRef("pk"), pruned_at__isnull=True
+    )
     inc = Relationship.objects.filter(
-        to_entry=OuterRef("pk"), pruned_at__isnull=True, from_entry__is_latest=True
-    ).exclude(from_entry__status=Status.TOMBSTONED)
+        counted_end("from_entry", now), to_entry=OuterRef("pk"), pruned_at__isnull=True
+    )
     return Exists(out) | Exists(inc)
 
 
-def not_high_value(qs: QuerySet[Entry]) -> QuerySet[Entry]:
+def not_high_value(qs: QuerySet[Entry], now: datetime) -> QuerySet[Entry]:
     """High-value entries (significance set, impact ≥ 0.5, or a live link) may be archived but
     are never tombstoned automatically."""
     return (
         qs.filter(Q(significance_type__isnull=True) | Q(significance_type=""))
         .filter(Q(impact_score__isnull=True) | Q(impact_score__lt=HIGH_VALUE_IMPACT))
-        .exclude(live_link_exists())
+        .exclude(live_link_exists(now))
     )
 
 
@@ -199,6 +199,7 @@ def score(ctx: RunContext) -> PassResult:
         params=ctx.policy.decay_params,
         batch_size=ctx.batch_size * 2,
         on_batch=ctx.heartbeat,
+        live_since=ctx.now,
     )
     return PassResult(count=n)
 
@@ -322,7 +323,8 @@ def prune(ctx: RunContext) -> PassResult:
                 importance__lt=ctx.policy.importance_threshold,
             ),
             ctx,
-        )
+        ),
+        ctx.now,
     )
     return transition(
         ctx,
@@ -344,7 +346,7 @@ def decay(ctx: RunContext) -> PassResult:
     below the cold threshold are tombstoned."""
     evaluated = decay_candidates(ctx).count()
     candidates = not_high_value(
-        unprotected(decay_candidates(ctx).filter(retention__lt=ctx.policy.cold_threshold), ctx)
+        unprotected(decay_candidates(ctx).filter(retention__lt=ctx.policy.cold_threshold), ctx), ctx.now
     )
     result = transition(
         ctx,
@@ -392,7 +394,8 @@ def reclaim(ctx: RunContext) -> PassResult:
                 archived_at__lte=_days_ago(ctx, ctx.policy.reclaim_archived_after_days),
             ),
             ctx,
-        )
+        ),
+        ctx.now,
     )
     return transition(
         ctx,

@@ -98,21 +98,23 @@ def _age_days(column: str, now_epoch: float) -> Greatest:
     return Greatest(_f(0.0), (_f(now_epoch) - EpochSeconds(F(column))) / _f(SECONDS_PER_DAY))
 
 
-def relationship_count_expr(*, causal_only: bool = False) -> Any:
+def counted_end(prefix: str, live_since: datetime | None = None) -> Q:
+    """The other end of a counted link: a latest version that is not tombstoned — or, for a
+    maintenance run at ``live_since``, one tombstoned at or after that instant (it was live when
+    the run's clock started, so a second run at the same ``now`` decides exactly as the first)."""
+    end = Q(**{f"{prefix}__status__in": COUNTED_END_STATUSES})
+    if live_since is not None:
+        end |= Q(**{f"{prefix}__status": Status.TOMBSTONED, f"{prefix}__status_changed_at__gte": live_since})
+    return Q(**{f"{prefix}__is_latest": True}) & end
+
+
+def relationship_count_expr(*, causal_only: bool = False, live_since: datetime | None = None) -> Any:
     """Active links in either direction whose other end is a live latest entry."""
     base = Relationship.objects.filter(pruned_at__isnull=True)
     if causal_only:
         base = base.filter(type__in=CAUSAL_TYPES)
-    out = base.filter(
-        from_entry=OuterRef("pk"),
-        to_entry__is_latest=True,
-        to_entry__status__in=COUNTED_END_STATUSES,
-    )
-    inc = base.filter(
-        to_entry=OuterRef("pk"),
-        from_entry__is_latest=True,
-        from_entry__status__in=COUNTED_END_STATUSES,
-    )
+    out = base.filter(counted_end("to_entry", live_since), from_entry=OuterRef("pk"))
+    inc = base.filter(counted_end("from_entry", live_since), to_entry=OuterRef("pk"))
     return _count(out, "from_entry") + _count(inc, "to_entry")
 
 
@@ -134,7 +136,7 @@ def anchor_multiplier_expr() -> Coalesce:
     return Coalesce(Subquery(sub, output_field=FloatField()), _f(1.0))
 
 
-def importance_expr(now_epoch: float) -> Greatest:
+def importance_expr(now_epoch: float, live_since: datetime | None = None) -> Greatest:
     significance = Greatest(
         Coalesce(F("impact_score"), _f(0.0)),
         Case(
@@ -146,12 +148,13 @@ def importance_expr(now_epoch: float) -> Greatest:
             output_field=FloatField(),
         ),
     ) * _f(scoring.W_SIGNIFICANCE)
-    relationships = Least(_float(relationship_count_expr()) / _f(scoring.RELATIONSHIPS_CAP), _f(1.0)) * _f(
-        scoring.W_RELATIONSHIPS
-    )
-    causal = Least(_float(relationship_count_expr(causal_only=True)) / _f(scoring.CAUSAL_CAP), _f(1.0)) * _f(
-        scoring.W_CAUSAL
-    )
+    relationships = Least(
+        _float(relationship_count_expr(live_since=live_since)) / _f(scoring.RELATIONSHIPS_CAP), _f(1.0)
+    ) * _f(scoring.W_RELATIONSHIPS)
+    causal = Least(
+        _float(relationship_count_expr(causal_only=True, live_since=live_since)) / _f(scoring.CAUSAL_CAP),
+        _f(1.0),
+    ) * _f(scoring.W_CAUSAL)
     recency = Greatest(_f(0.0), _f(1.0) - _age_days("created_at", now_epoch) / _f(scoring.RECENCY_DAYS)) * _f(
         scoring.W_RECENCY
     )
@@ -198,6 +201,7 @@ def refresh_scores(
     ids: Iterable[int] | None = None,
     batch_size: int = BATCH_SIZE,
     on_batch: Callable[[], None] | None = None,
+    live_since: datetime | None = None,
 ) -> int:
     """Recompute stored importance and retention of the latest entries of one workspace
     (all of them, or those among ``ids``), one UPDATE per batch of ids, one transaction per
@@ -222,7 +226,7 @@ def refresh_scores(
     for batch in batches:
         with transaction.atomic():
             scored += base.filter(pk__in=batch).update(
-                importance=importance_expr(now_epoch),
+                importance=importance_expr(now_epoch, live_since),
                 retention=retention_expr(now_epoch, params),
                 scored_at=now,
             )

@@ -564,3 +564,19 @@ def test_lowering_the_grace_never_purges_before_the_countdown_shown(workspace, n
     assert Tombstone.objects.get(entry_ref=entry.pk).purge_after == now - timedelta(days=2) + timedelta(
         days=180
     )
+
+
+def test_a_second_run_at_the_same_now_keeps_a_guard_given_by_a_link_the_first_run_ended(workspace, now):
+    # C is cold but linked to F; F's writer TTL ends now. Run 1 keeps C (its link was live when
+    # the run started) and tombstones F; run 2 at the same `now` must decide exactly the same.
+    cold = make(workspace, now, age_days=85)  # cold (retention 0.18) but not yet stale (90 days)
+    fading = make(workspace, now, expires_at=now - timedelta(minutes=1))
+    services.relationship_create(workspace=workspace, from_id=cold.pk, to_id=fading.pk, now=now)
+    first = run(workspace, now)
+    assert (status(cold), status(fading)) == ("active", "tombstoned")
+    assert first["counts"]["expired"] == 1 and first["counts"]["evicted"] == 0
+    second = run(workspace, now)
+    assert {k: v for k, v in second["counts"].items() if v and k not in ("scored", "orphans")} == {}
+    assert status(cold) == "active"
+    later = run(workspace, now + timedelta(hours=1))
+    assert later["counts"]["evicted"] == 1  # an hour later the link no longer protects it
