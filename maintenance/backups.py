@@ -68,6 +68,7 @@ BACKUP_NAME_RE = re.compile(
 )
 _SLUG_RE = re.compile(r"^[-a-zA-Z0-9_]+$")
 READ_CHUNK = 2000  # rows per round trip (and per write to the file) while backing up
+Progress = Callable[[int], None]  # called with how many more rows were written or read
 BATCH = 500  # rows per lookup while restoring
 WRITE_BATCH = 1000  # rows per executemany while restoring
 _FILE_CHUNK = 1 << 20  # bytes per read while hashing a file
@@ -240,7 +241,9 @@ def _querysets(workspace: Workspace) -> Iterator[tuple[_Kind, models.QuerySet[An
             yield kind, manager.filter(entry__workspace=workspace)
 
 
-def _write_lines(out: _Sink, workspace: Workspace, reason: str, now: datetime) -> dict[str, int]:
+def _write_lines(
+    out: _Sink, workspace: Workspace, reason: str, now: datetime, progress: Progress | None = None
+) -> dict[str, int]:
     """Write header, rows and trailer to ``out``; returns the row count per kind."""
     digest = hashlib.sha256()
 
@@ -248,6 +251,8 @@ def _write_lines(out: _Sink, workspace: Workspace, reason: str, now: datetime) -
         data = b"".join(lines)
         digest.update(data)
         out.write(data)
+        if progress is not None:
+            progress(len(lines))
 
     header = {
         "kind": "header",
@@ -298,6 +303,7 @@ def write_backup(
     reason: str = BackupReason.MANUAL,
     now: datetime | None = None,
     run: MaintenanceRun | None = None,
+    progress: Progress | None = None,
 ) -> Backup:
     """Write a backup of ``workspace`` and record it as a Backup row.
 
@@ -319,7 +325,7 @@ def write_backup(
         with os.fdopen(fd, "wb") as raw:
             # filename="" and mtime=0: the gzip header names neither the temp file nor a time.
             with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as out:
-                counts = _write_lines(out, workspace, reason, now)
+                counts = _write_lines(out, workspace, reason, now, progress)
             raw.flush()
             os.fsync(raw.fileno())
         size = tmp.stat().st_size
@@ -417,7 +423,7 @@ def _parse_or_empty(raw: bytes | None) -> dict[str, Any]:
         return {}
 
 
-def read_backup(path: str | Path) -> tuple[Header, Rows, dict[str, Any]]:
+def read_backup(path: str | Path, progress: Progress | None = None) -> tuple[Header, Rows, dict[str, Any]]:
     """Read and verify a backup file: (header, rows by kind, trailer).
 
     Raises BackupError when the file is unreadable, truncated (no trailer), altered (checksum
@@ -450,6 +456,8 @@ def read_backup(path: str | Path) -> tuple[Header, Rows, dict[str, Any]]:
                         problem = problem or f"line {number}: {exc}"
                 number += 1
                 previous = raw
+                if progress is not None and number % READ_CHUNK == 0:
+                    progress(READ_CHUNK)
     except FileNotFoundError:
         raise BackupError(f"{path}: no such backup file") from None
     except EOFError:
@@ -735,6 +743,7 @@ def restore_backup(
     workspace_slug: str | None = None,
     force: bool = False,
     now: datetime | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Bring a workspace back to the state of a backup file, in one transaction.
 
@@ -748,7 +757,7 @@ def restore_backup(
     """
     now = now or timezone.now()
     path = Path(path)
-    header, rows, _ = read_backup(path)
+    header, rows, _ = read_backup(path, progress)
     slug = header.get("workspace")
     if not isinstance(slug, str) or not _SLUG_RE.match(slug):
         raise BackupError(f"{path}: the header names no valid workspace")

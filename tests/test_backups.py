@@ -648,3 +648,14 @@ def test_restore_backup_reports_a_refusal_as_a_command_error(workspace, now):
     data = run_json("restore_backup", str(backup_path(backup)), "--force")
     assert data["overwritten"]["entry"] == 1
     assert Entry.objects.get(pk=made["latest"].pk).title == "Deploy rule"
+
+
+def test_progress_hears_of_every_row_written_and_read(workspace, now):
+    import_journal(workspace=workspace, path=SAMPLE_PATH, now=now)
+    written: list[int] = []
+    backup = backups.write_backup(workspace, reason="manual", now=now, progress=written.append)
+    _, rows, trailer = backups.read_backup(backups.backup_dir(workspace) / backup.file_name)
+    assert sum(written) == sum(trailer["counts"].values()) + 1  # + the header line
+    read: list[int] = []
+    backups.read_backup(backups.backup_dir(workspace) / backup.file_name, progress=read.append)
+    assert sum(read) == (sum(trailer["counts"].values()) + 2) // backups.READ_CHUNK * backups.READ_CHUNK

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from maintenance import backups
+from maintenance.management.commands._progress import row_progress
 from memory.management.commands._base import WorkspaceCommand, service_errors
 
 
@@ -13,8 +14,8 @@ class Command(WorkspaceCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         workspace = self.get_workspace(options["workspace"])
-        with service_errors():
-            backup = backups.write_backup(workspace, reason="manual")
+        with service_errors(), row_progress("backup", enabled=not options["json"]) as progress:
+            backup = backups.write_backup(workspace, reason="manual", progress=progress)
         if options["json"]:
             self.emit_json(
                 {

@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from maintenance import backups
+from maintenance.management.commands._progress import row_progress
 from memory.management.commands._base import WorkspaceCommand, service_errors
 
 
@@ -29,8 +30,10 @@ class Command(WorkspaceCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         path = backups.resolve_backup_path(options["file"], options["workspace"])
-        with service_errors():
-            result = backups.restore_backup(path, workspace_slug=options["workspace"], force=options["force"])
+        with service_errors(), row_progress("reading backup", enabled=not options["json"]) as progress:
+            result = backups.restore_backup(
+                path, workspace_slug=options["workspace"], force=options["force"], progress=progress
+            )
         if options["json"]:
             self.emit_json(result)
             return
