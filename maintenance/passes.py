@@ -184,6 +184,20 @@ def transition(
     return result
 
 
+def tombstone(ctx: RunContext, candidates: QuerySet[Entry], reason: str, **options: Any) -> PassResult:
+    """The destructive transition shared by passes 8–11: tombstone with a Tombstone row whose
+    reason is the pass's, after the pre-prune backup."""
+    return transition(
+        ctx,
+        candidates,
+        to_status=Status.TOMBSTONED,
+        reason=reason,
+        tombstone_reason=TombstoneReason(reason),
+        destructive=True,
+        **options,
+    )
+
+
 def _days_ago(ctx: RunContext, days: float) -> datetime:
     return ctx.now - timedelta(days=days)
 
@@ -326,14 +340,7 @@ def prune(ctx: RunContext) -> PassResult:
         ),
         ctx.now,
     )
-    return transition(
-        ctx,
-        candidates,
-        to_status=Status.TOMBSTONED,
-        reason="prune",
-        tombstone_reason=TombstoneReason.PRUNE,
-        destructive=True,
-    )
+    return tombstone(ctx, candidates, TombstoneReason.PRUNE)
 
 
 def decay_candidates(ctx: RunContext) -> QuerySet[Entry]:
@@ -348,14 +355,8 @@ def decay(ctx: RunContext) -> PassResult:
     candidates = not_high_value(
         unprotected(decay_candidates(ctx).filter(retention__lt=ctx.policy.cold_threshold), ctx), ctx.now
     )
-    result = transition(
-        ctx,
-        candidates,
-        to_status=Status.TOMBSTONED,
-        reason="decay",
-        tombstone_reason=TombstoneReason.DECAY,
-        destructive=True,
-        detail_fields=("retention", "created_at", "access_count"),
+    result = tombstone(
+        ctx, candidates, TombstoneReason.DECAY, detail_fields=("retention", "created_at", "access_count")
     )
     result.extra = {"candidates_evaluated": evaluated, "evicted_rows": result.extra.get("rows", [])}
     return result
@@ -372,15 +373,7 @@ def expire_ttl(ctx: RunContext) -> PassResult:
         ctx,
         honour_pin=False,
     )
-    result = transition(
-        ctx,
-        candidates,
-        to_status=Status.TOMBSTONED,
-        reason="ttl",
-        tombstone_reason=TombstoneReason.TTL,
-        destructive=True,
-        detail_fields=("expires_at",),
-    )
+    result = tombstone(ctx, candidates, TombstoneReason.TTL, detail_fields=("expires_at",))
     result.extra = {"expired_rows": result.extra.get("rows", [])}
     return result
 
@@ -397,14 +390,7 @@ def reclaim(ctx: RunContext) -> PassResult:
         ),
         ctx.now,
     )
-    return transition(
-        ctx,
-        candidates,
-        to_status=Status.TOMBSTONED,
-        reason="reclaim",
-        tombstone_reason=TombstoneReason.RECLAIM,
-        destructive=True,
-    )
+    return tombstone(ctx, candidates, TombstoneReason.RECLAIM)
 
 
 def prune_links(ctx: RunContext) -> PassResult:
