@@ -654,7 +654,7 @@ def test_progress_hears_of_every_row_written_and_read(workspace, now):
     import_journal(workspace=workspace, path=SAMPLE_PATH, now=now)
     written: list[int] = []
     backup = backups.write_backup(workspace, reason="manual", now=now, progress=written.append)
-    _, rows, trailer = backups.read_backup(backups.backup_dir(workspace) / backup.file_name)
+    _, _, trailer = backups.read_backup(backups.backup_dir(workspace) / backup.file_name)
     assert sum(written) == sum(trailer["counts"].values()) + 1  # + the header line
     read: list[int] = []
     backups.read_backup(backups.backup_dir(workspace) / backup.file_name, progress=read.append)
