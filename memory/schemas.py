@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from django.db.models import Manager
 from ninja import Field, Schema
-from pydantic import AfterValidator, ConfigDict
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, StrictBool, StrictFloat, StrictInt
 
 from memory.models import (
     CONTENT_MAX,
@@ -83,11 +83,21 @@ def _json_object(value: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 Text = Annotated[str, AfterValidator(_no_nul)]
-EntryId = Annotated[int, Field(ge=1, le=INT64_MAX)]
+EntryId = Annotated[StrictInt, Field(ge=1, le=INT64_MAX)]
 TagName = Annotated[str, Field(max_length=TAG_MAX), AfterValidator(_no_nul)]
-When = Annotated[datetime | None, AfterValidator(_utc_compatible)]
+
+
+def _iso_text_only(value: object) -> object:
+    """The schema publishes date-time strings; pydantic would also take a bare number as a
+    Unix timestamp, which the published schema does not allow (and a client would not expect)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        raise ValueError("must be an ISO-8601 date-time string")
+    return value
+
+
+When = Annotated[datetime | None, BeforeValidator(_iso_text_only), AfterValidator(_utc_compatible)]
 Metadata = Annotated[dict[str, Any] | None, AfterValidator(_json_object)]
-LineNumber = Annotated[int | None, Field(ge=1, le=INT32_MAX)]
+LineNumber = Annotated[StrictInt | None, Field(ge=1, le=INT32_MAX)]
 ListStatus = Literal["staged", "active", "stale", "archived"]
 Sort = Literal["importance", "recent", "retention"]
 
@@ -121,12 +131,12 @@ class EntryIn(InSchema):
     entry_type: EntryType = EntryType.OBSERVATION
     tier: Tier = Tier.EPISODIC
     source: Source = Source.AGENT
-    impact_score: float | None = Field(None, ge=0.0, le=1.0)
-    trust_score: float | None = Field(None, ge=0.0, le=1.0)
+    impact_score: StrictFloat | None = Field(None, ge=0.0, le=1.0)
+    trust_score: StrictFloat | None = Field(None, ge=0.0, le=1.0)
     validation_status: ValidationStatus = ValidationStatus.NONE
     significance_type: SignificanceType | None = None
-    salience: float | None = Field(None, ge=0.25, le=2.0)
-    pinned: bool = False
+    salience: StrictFloat | None = Field(None, ge=0.25, le=2.0)
+    pinned: StrictBool = False
     expires_at: When = None
     project: Text | None = Field(None, max_length=200)
     session_key: Text | None = Field(None, max_length=200)
@@ -150,12 +160,12 @@ class EntryPatchIn(InSchema):
     entry_type: EntryType = Field(OMITTED)
     tier: Tier = Field(OMITTED)
     source: Source = Field(OMITTED)
-    impact_score: float | None = Field(None, ge=0.0, le=1.0)
-    trust_score: float | None = Field(None, ge=0.0, le=1.0)
+    impact_score: StrictFloat | None = Field(None, ge=0.0, le=1.0)
+    trust_score: StrictFloat | None = Field(None, ge=0.0, le=1.0)
     validation_status: ValidationStatus = Field(OMITTED)
     significance_type: SignificanceType | None = None
-    salience: float | None = Field(None, ge=0.25, le=2.0)
-    pinned: bool = Field(OMITTED)
+    salience: StrictFloat | None = Field(None, ge=0.25, le=2.0)
+    pinned: StrictBool = Field(OMITTED)
     expires_at: When = None
     project: Text | None = Field(None, max_length=200)
     session_key: Text | None = Field(None, max_length=200)
@@ -193,7 +203,7 @@ class DeleteQuery(Schema):
 
 class AccessIn(InSchema):
     actor: Text = Field(min_length=1, max_length=200, pattern=NOT_BLANK)
-    dispatch: bool = False
+    dispatch: StrictBool = False
 
 
 class FeedbackIn(InSchema):
