@@ -23,12 +23,12 @@ run: install
 test: install test-sqlite test-postgres
 
 test-sqlite: install
-	env -u DATABASE_URL $(BIN)/python -m pytest
+	env -u DATABASE_URL $(BIN)/python -m pytest -n auto
 
 test-postgres: install
 	@url="$${TEST_DATABASE_URL:-$${DATABASE_URL:-}}"; \
 	case "$$url" in \
-	  postgres*) echo "== PostgreSQL: $$url"; DATABASE_URL="$$url" $(BIN)/python -m pytest -p no:cacheprovider ;; \
+	  postgres*) echo "== PostgreSQL: $$url"; DATABASE_URL="$$url" $(BIN)/python -m pytest -n auto -p no:cacheprovider ;; \
 	  *) echo "== PostgreSQL run skipped: set TEST_DATABASE_URL=postgres://... to run the suite there too" ;; \
 	esac
 

@@ -25,3 +25,10 @@ def other_workspace(db) -> Workspace:
 def _fast_password_hasher(settings):
     # The default PBKDF2 hasher costs about a second per password; tests don't need that.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _private_backup_dir(settings, tmp_path):
+    # Every test writes backups into its own folder: parallel workers never share one, and no
+    # test leaves files in the developer's var/backups.
+    settings.BACKUP_DIR = tmp_path / "backups"

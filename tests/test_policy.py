@@ -112,7 +112,9 @@ def test_an_integer_too_large_for_a_float_clamps_instead_of_crashing(name):
     assert clamp_value(name, -(10**400)) == limit.low
 
 
-@pytest.mark.parametrize("value", NON_NUMERIC, ids=repr)
+@pytest.mark.parametrize(
+    "value", NON_NUMERIC, ids=lambda v: type(v).__name__ if type(v) is object else repr(v)
+)
 @pytest.mark.parametrize("name", sorted(LIMITS))
 def test_a_non_numeric_value_falls_back_to_the_default(name, value):
     assert clamp_value(name, value) == LIMITS[name].default
