@@ -13,6 +13,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from maintenance.api import router as maintenance_router
+from maintenance.api_quality import router as quality_router
 from memory.api import router as memory_router
 from memory.api_search import router as search_router
 from memory.auth import API_AUTH, RateLimited
@@ -80,4 +81,5 @@ def health(request: HttpRequest) -> dict[str, str]:
 
 api.add_router("/", memory_router)
 api.add_router("/", maintenance_router)
+api.add_router("/", quality_router)
 api.add_router("/", search_router)

@@ -16,6 +16,7 @@ from django.http import HttpRequest
 from ninja import Query, Router
 from ninja.params import Path
 
+from maintenance.hygiene import clean_residue_patterns
 from maintenance.models import MaintenancePolicy, RunKind, RunTrigger
 from maintenance.revert import revert_run
 from maintenance.runs import PRUNE_PARAMS, decay_result, prune_result, run_maintenance
@@ -23,6 +24,7 @@ from maintenance.schemas import (
     ERRORS,
     BackupPageOut,
     DecayOut,
+    FullRunIn,
     IdPath,
     PageIn,
     PolicyIn,
@@ -49,6 +51,7 @@ from maintenance.selectors import (
     workspace_stats,
 )
 from memory.auth import ROLE_LEVEL, Principal, require
+from memory.errors import InvalidInput
 
 router = Router(tags=["maintenance"])
 
@@ -64,13 +67,14 @@ def _run_request(request: HttpRequest, dry_run: bool | None) -> tuple[Principal,
 
 
 @router.post("/maintenance/run", response={200: RunResultOut, **ERRORS})
-def maintenance_run(request: HttpRequest, payload: RunIn | None = None) -> dict[str, Any]:
-    """The full run of SPEC §4.1 on the caller's workspace."""
-    payload = payload or RunIn.model_validate({})
+def maintenance_run(request: HttpRequest, payload: FullRunIn | None = None) -> dict[str, Any]:
+    """The full run of SPEC §4.1 on the caller's workspace, or one quality pass alone
+    (``kind`` hygiene, contradictions or consolidate)."""
+    payload = payload or FullRunIn.model_validate({})
     who, dry_run = _run_request(request, payload.dry_run)
     return run_maintenance(
         workspace=who.workspace,
-        kind=RunKind.FULL,
+        kind=payload.kind,
         trigger=RunTrigger.API,
         dry_run=dry_run,
         force=payload.force,
@@ -174,6 +178,11 @@ def policy_put(request: HttpRequest, payload: PolicyIn) -> dict[str, Any]:
     """Change policy settings (omitted ones stay); values are clamped into their ranges."""
     who = require(request, "admin")
     changes = {k: v for k, v in payload.model_dump(exclude_unset=True).items() if v is not None}
+    if "residue_patterns" in changes:
+        try:
+            changes["residue_patterns"] = clean_residue_patterns(changes["residue_patterns"])
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
     with transaction.atomic():
         row, _ = MaintenancePolicy.objects.select_for_update().get_or_create(workspace=who.workspace)
         for name, value in changes.items():

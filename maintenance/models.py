@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import fields as dc_fields
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
@@ -66,6 +67,15 @@ class MaintenancePolicy(models.Model):
         self.clamp()
         self.updated_at = timezone.now()
         super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        """Admin form validation: residue patterns must compile (the API checks the same)."""
+        from maintenance.hygiene import clean_residue_patterns
+
+        try:
+            self.residue_patterns = clean_residue_patterns(self.residue_patterns)
+        except ValueError as exc:
+            raise ValidationError({"residue_patterns": str(exc)}) from None
 
     def clamp(self) -> None:
         for name in LIMITS:

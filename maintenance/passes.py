@@ -313,15 +313,19 @@ def archive(ctx: RunContext, *, stale_part: bool = True) -> PassResult:
 
 
 def archive_low_quality(ctx: RunContext) -> PassResult:
-    """6. Slot of the hygiene pass (automatic low-quality archive), filled by the quality
-    passes; until then it changes nothing."""
-    return PassResult()
+    """6. Entries hygiene recommends archiving, never accessed, older than
+    low_quality_min_age_days → archived (maintenance/hygiene.py)."""
+    from maintenance import hygiene
+
+    return hygiene.archive_low_quality(ctx)
 
 
 def compact(ctx: RunContext) -> PassResult:
-    """7. Slot of compaction (fragments → one retrospective), filled by the quality passes;
-    until then it changes nothing. ``extra`` carries summaries_created."""
-    return PassResult(extra={"summaries_created": 0})
+    """7. Fragments of one work session → one retrospective (maintenance/compaction.py).
+    ``extra`` carries summaries_created."""
+    from maintenance import compaction
+
+    return compaction.compact(ctx)
 
 
 def prune(ctx: RunContext) -> PassResult:
@@ -500,9 +504,10 @@ def purge_lineages(
 
 
 def flag_contradictions(ctx: RunContext) -> PassResult:
-    """14. Slot of the contradiction sweep, filled by the quality passes; until then it flags
-    nothing."""
-    return PassResult()
+    """14. The contradiction sweep (maintenance/contradictions.py)."""
+    from maintenance import contradictions
+
+    return contradictions.flag_contradictions(ctx)
 
 
 def count_orphans(ctx: RunContext) -> PassResult:

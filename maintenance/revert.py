@@ -188,9 +188,59 @@ def revert_run(
         _revertible(workspace).filter(run=run, to_status__in=RUN_REVERT_TO).order_by("created_at", "pk")
     )
     result = revert_events(workspace, events, actor=actor, now=now)
+    result["summaries_archived"] = _retire_created(workspace, run, actor=actor, now=now)
     links = Relationship.objects.filter(
         workspace=workspace, pruned_by_run=run, pruned_at__isnull=False
     ).update(pruned_at=None, pruned_by_run=None)
     result["links_restored"] = links
     result["run_id"] = run.pk
     return result
+
+
+def _retire_created(workspace: Workspace, run: MaintenanceRun, *, actor: str, now: datetime) -> list[int]:
+    """Entries the run wrote (compaction digests) are archived again — never deleted — when
+    the run is reverted, as long as nobody has changed them since (still the latest version,
+    still live)."""
+    created = {
+        e.entry_id: e
+        for e in LifecycleEvent.objects.filter(
+            workspace=workspace, run=run, from_status="", automatic=True, reverted_at__isnull=True
+        )
+    }
+    if not created:
+        return []
+    with transaction.atomic():
+        rows = list(
+            Entry.objects.select_for_update()
+            .filter(
+                workspace=workspace,
+                pk__in=list(created),
+                is_latest=True,
+                status__in=[Status.ACTIVE, Status.STALE],
+            )
+            .values_list("pk", "status")
+        )
+        ids = [pk for pk, _ in rows]
+        Entry.objects.filter(pk__in=ids).update(
+            status=Status.ARCHIVED, status_changed_at=now, archived_at=now
+        )
+        LifecycleEvent.objects.bulk_create(
+            LifecycleEvent(
+                workspace=workspace,
+                entry_id=pk,
+                entry_ref=pk,
+                from_status=status,
+                to_status=Status.ARCHIVED,
+                reason="revert",
+                run=run,
+                actor=actor,
+                automatic=False,
+                reverts=created[pk],
+                created_at=now,
+            )
+            for pk, status in rows
+        )
+        LifecycleEvent.objects.filter(pk__in=[created[pk].pk for pk in ids]).update(reverted_at=now)
+        if ids:
+            refresh_scores(workspace, now=now, ids=[*ids, *neighbour_ids(ids)])
+    return sorted(ids)

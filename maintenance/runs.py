@@ -31,7 +31,7 @@ from maintenance import backups, lease, passes
 from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus
 from maintenance.passes import LeaseLost, PassResult, RunContext
 from maintenance.policy import PolicyValues, clamp_value, clean_tags
-from memory.models import Status, Workspace
+from memory.models import Entry, Status, Workspace
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,15 @@ class BackupFailed(Exception):
 Step = tuple[str, Callable[[RunContext], PassResult]]
 
 
-def _steps(kind: str) -> list[Step]:
-    """The passes of each kind of run, in order, each with the count it feeds."""
+def steps(kind: str) -> list[Step]:
+    """The passes of each kind of run, in order, each with the count it feeds. Hygiene,
+    contradictions and compaction can each run alone, after scoring (SPEC §4.2)."""
+    if kind == RunKind.HYGIENE:
+        return [("scored", passes.score), ("low_quality_archived", passes.archive_low_quality)]
+    if kind == RunKind.CONTRADICTIONS:
+        return [("scored", passes.score), ("disputes_flagged", passes.flag_contradictions)]
+    if kind == RunKind.CONSOLIDATE:
+        return [("scored", passes.score), ("consolidated", passes.compact)]
     if kind == RunKind.PRUNE:
         return [
             ("scored", passes.score),
@@ -167,7 +174,7 @@ def effective_policy(workspace: Workspace, params: dict[str, Any] | None) -> Pol
 
 def _execute(ctx: RunContext, kind: str, progress: Callable[[str], None] | None) -> Outcome:
     outcome = Outcome()
-    for key, step in _steps(kind):
+    for key, step in steps(kind):
         if progress is not None:
             progress(key)
         outcome.add(key, step(ctx))
@@ -193,13 +200,11 @@ def _plan(ctx: RunContext, kind: str) -> Outcome:
 
 
 def _live_count(workspace: Workspace) -> int:
-    return (
-        Workspace.objects.get(pk=workspace.pk)
-        .entries.filter(
-            is_latest=True, status__in=[Status.STAGED, Status.ACTIVE, Status.STALE, Status.ARCHIVED]
-        )
-        .count()
-    )
+    return Entry.objects.filter(
+        workspace=workspace,
+        is_latest=True,
+        status__in=[Status.STAGED, Status.ACTIVE, Status.STALE, Status.ARCHIVED],
+    ).count()
 
 
 def breaker_trips(outcome: Outcome, live: int, policy: PolicyValues) -> bool:
@@ -264,9 +269,9 @@ def run_maintenance(
     progress: Callable[[str], None] | None = None,
     batch_size: int = passes.BATCH_SIZE,
 ) -> dict[str, Any]:
-    """Run maintenance of one kind (full, prune, decay) on one workspace; returns the SPEC
-    §4.1 result object, also stored on the MaintenanceRun."""
-    if kind not in (RunKind.FULL, RunKind.PRUNE, RunKind.DECAY):
+    """Run maintenance of one kind (full, prune, decay, hygiene, contradictions, consolidate)
+    on one workspace; returns the SPEC §4.1 result object, also stored on the MaintenanceRun."""
+    if kind not in RunKind.values:
         raise ValueError(f"unknown run kind {kind!r}")
     now = now or timezone.now()
     policy = effective_policy(workspace, params if kind == RunKind.PRUNE else None)

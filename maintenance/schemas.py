@@ -9,7 +9,7 @@ update is clamped into them instead, as SPEC §1 says of every stored policy val
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from django.utils import timezone
 from ninja import Field, Schema
@@ -25,6 +25,8 @@ OFFSET_MAX = 1_000_000_000
 TAG_NAME_MAX = 100
 EXCLUDE_TAGS_MAX = 200
 TagName = Annotated[str, Field(max_length=TAG_NAME_MAX)]
+RESIDUE_PATTERNS_MAX = 50
+RESIDUE_PATTERN_MAX = 200
 
 
 # Every refusal the API maps into one shape (config/api.py); declared so that clients and the
@@ -62,6 +64,8 @@ class TombstoneListIn(PageIn):
 
 # --- starting runs -------------------------------------------------------------------------------
 
+QUALITY_KINDS = (RunKind.HYGIENE, RunKind.CONTRADICTIONS, RunKind.CONSOLIDATE)
+
 
 class RunIn(StrictIn):
     dry_run: StrictBool | None = Field(
@@ -70,6 +74,12 @@ class RunIn(StrictIn):
         "dry-run) and false for operators and admins.",
     )
     force: StrictBool = Field(False, description="Apply even when the circuit breaker trips")
+
+
+class FullRunIn(RunIn):
+    kind: Literal["full", "hygiene", "contradictions", "consolidate"] = Field(
+        "full", description="full: every pass of SPEC §4.1; or one quality pass alone (after scoring)"
+    )
 
 
 def _limited(name: str) -> Any:
@@ -208,6 +218,9 @@ class RevertOut(Schema):
     reverted: list[int] = Field(description="Entries put back where the run found them")
     skipped: list[int] = Field(description="Entries changed since (or purged): left alone")
     links_restored: int
+    summaries_archived: list[int] = Field(
+        default_factory=list, description="Digests the run's compaction wrote, archived again"
+    )
 
 
 # --- tombstones and backups ----------------------------------------------------------------------
@@ -316,6 +329,12 @@ class PolicyIn(StrictIn):
     exclude_tags: list[TagName] | None = Field(
         None, max_length=EXCLUDE_TAGS_MAX, description="Tags no pass may touch"
     )
+    residue_patterns: list[Annotated[str, Field(max_length=RESIDUE_PATTERN_MAX)]] | None = Field(
+        None,
+        max_length=RESIDUE_PATTERNS_MAX,
+        description="Hygiene implementation_residue patterns: case-insensitive regular expressions, "
+        "or `<source-path>` for the built-in bare source path detector; [] restores the defaults",
+    )
 
 
 class PolicyOut(Schema):
@@ -345,6 +364,7 @@ class PolicyOut(Schema):
     max_tombstone_fraction: float = _setting_out("max_tombstone_fraction")
     backups_keep: int = _setting_out("backups_keep")
     exclude_tags: list[str]
+    residue_patterns: list[str] = Field(description="Stored hygiene residue patterns; [] = the built-in ones")
     updated_at: datetime | None
 
 
@@ -399,3 +419,110 @@ class StatsOut(Schema):
     open_disputes: int
     last_runs: LastRunsOut = Field(description="The last started run of each kind")
     policy: PolicyOut
+
+
+# --- hygiene and disputes (SPEC §4.4, §4.5) ----------------------------------------------------
+
+IDS_MAX = 500
+
+
+class HygieneReasonOut(Schema):
+    code: str
+    points: int
+    detail: str
+
+
+class HygieneCandidateOut(Schema):
+    id: int
+    title: str
+    content_excerpt: str
+    entry_type: str
+    source: str
+    created_at: datetime
+    access_count: int
+    score: int
+    reasons: list[HygieneReasonOut]
+    recommendation: Literal["archive", "review"]
+
+
+class HygienePageOut(Schema):
+    count: int
+    limit: int
+    offset: int
+    candidates: list[HygieneCandidateOut]
+
+
+class IdsIn(StrictIn):
+    ids: list[Annotated[int, Field(ge=1, le=DB_ID_MAX)]] = Field(min_length=1, max_length=IDS_MAX)
+
+
+class HygieneApplyOut(Schema):
+    archived: list[int] = Field(description="Archived: they were candidates of a fresh preview")
+    skipped: list[int] = Field(description="Not candidates (any more), or not found: left alone")
+
+
+class HygieneKeepOut(Schema):
+    kept: list[int] = Field(description="Hidden from the queue until their content changes")
+    skipped: list[int]
+
+
+class DisputeListIn(PageIn):
+    status: Literal["open", "resolved"] | None = None
+
+
+class DisputeEntryOut(Schema):
+    id: int
+    title: str
+    content: str
+    status: str
+    entry_type: str
+    tier: str
+    importance: float
+    created_at: datetime
+
+
+class DisputeOut(Schema):
+    id: int
+    kind: str
+    similarity: float
+    detected_by: str
+    status: str
+    resolution: str | None = Field(description="keep_both, keep_first, keep_second or supersede")
+    resolved_by: str | None
+    resolved_at: datetime | None
+    run_id: int | None
+    created_at: datetime
+    entry_a: DisputeEntryOut = Field(description="The first of the pair (the lower id)")
+    entry_b: DisputeEntryOut
+    details: dict[str, Any]
+
+    @staticmethod
+    def resolve_resolution(obj: Any) -> str | None:
+        return obj.resolution or None
+
+    @staticmethod
+    def resolve_resolved_by(obj: Any) -> str | None:
+        return obj.resolved_by or None
+
+
+class DisputePageOut(Schema):
+    count: int
+    limit: int
+    offset: int
+    items: list[DisputeOut]
+
+
+class ResolveIn(StrictIn):
+    resolution: Literal["keep_both", "keep_first", "keep_second", "supersede"] = Field(
+        description="keep_both: nothing changes; keep_first / keep_second: the other entry is "
+        "archived (restorable); supersede: the winner links `supersedes` to the loser, which "
+        "is archived"
+    )
+    winner_id: int | None = Field(
+        None, ge=1, le=DB_ID_MAX, description="supersede only: one of the pair (default: the newer)"
+    )
+
+
+class ResolveOut(Schema):
+    dispute: DisputeOut
+    archived: list[int] = Field(description="Entries the resolution archived")

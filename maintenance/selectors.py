@@ -82,6 +82,7 @@ def policy_values(workspace: Workspace) -> dict[str, Any]:
     row = MaintenancePolicy.objects.filter(workspace=workspace).first()
     values = asdict(row.values() if row else MaintenancePolicy(workspace=workspace).values())
     values["exclude_tags"] = list(values["exclude_tags"])
+    values["residue_patterns"] = list(row.residue_patterns or []) if row else []
     values["updated_at"] = row.updated_at if row else None
     return values
 

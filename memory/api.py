@@ -28,6 +28,7 @@ from memory.schemas import (
     AnchorCheckOut,
     DeletedOut,
     DeleteQuery,
+    EntryCreateOut,
     EntryDetailOut,
     EntryIn,
     EntryListQuery,
@@ -97,9 +98,10 @@ def _page(qs: Any, limit: int, offset: int) -> dict[str, Any]:
 # --- entries ----------------------------------------------------------------------------------
 
 
-@router.post("/entries", response={201: EntryOut, **ERRORS})
+@router.post("/entries", response={201: EntryCreateOut, **ERRORS})
 def create_entry(request: HttpRequest, payload: EntryIn) -> Status[Entry]:
-    """Create a memory with its tags, anchors and outgoing links (201)."""
+    """Create a memory with its tags, anchors and outgoing links (201). A constitutional
+    entry or an operator's rule is checked for contradictions first; ``disputes`` names any."""
     who = require(request, "agent")
     _check_source(who, payload.source)
     fields = payload.model_dump(exclude_unset=True)
@@ -134,7 +136,12 @@ def update_entry(request: HttpRequest, entry_id: int, payload: EntryPatchIn) -> 
         actor=who.actor,
         **payload.model_dump(exclude_unset=True),
     )
-    return {"entry": result.entry, "new_version": result.new_version, "supersedes": result.supersedes}
+    return {
+        "entry": result.entry,
+        "new_version": result.new_version,
+        "supersedes": result.supersedes,
+        "disputes": list(result.disputes),
+    }
 
 
 @router.delete("/entries/{entry_id}", response={200: EntryTombstoneOut | PurgeOut, **ERRORS})

@@ -338,10 +338,34 @@ class EntryPageOut(Schema):
     items: list[EntryOut]
 
 
+class DisputeRefOut(Schema):
+    """A contradiction the write was found to be part of (SPEC §4.5), for the operator."""
+
+    id: int
+    entry_a: int = Field(alias="entry_a_id")
+    entry_b: int = Field(alias="entry_b_id")
+    similarity: float
+
+
+class EntryCreateOut(EntryOut):
+    disputes: list[DisputeRefOut] = Field(
+        default_factory=list,
+        description="Open disputes flagged by the immediate check of a constitutional entry or an "
+        "operator's rule; empty otherwise",
+    )
+
+    @staticmethod
+    def resolve_disputes(obj: Any) -> list[Any]:
+        return list(getattr(obj, "disputes", None) or [])
+
+
 class EntryUpdateOut(Schema):
     entry: EntryOut
     new_version: bool
     supersedes: int | None
+    disputes: list[DisputeRefOut] = Field(
+        default_factory=list, description="As for create: open disputes the written version is part of"
+    )
 
 
 class EntryTombstoneOut(Schema):
@@ -410,6 +434,8 @@ __all__ = [
     "AnchorCheckOut",
     "DeleteQuery",
     "DeletedOut",
+    "DisputeRefOut",
+    "EntryCreateOut",
     "EntryDetailOut",
     "EntryIn",
     "EntryListQuery",

@@ -503,7 +503,9 @@ def entry_create(
             _link(entry, targets[link.to_id], link.type, actor=actor, now=now)
         record_event(entry, from_status="", to_status=entry.status, reason="create", actor=actor, now=now)
         _rescore(workspace, [entry.pk, *targets.values_ids()], now)
+        disputes = _check_contradictions(entry, now)
     entry.refresh_from_db()
+    entry.disputes = disputes  # type: ignore[attr-defined]  # named by the API response
     return entry
 
 
@@ -562,11 +564,22 @@ def _link(
     return rel, True
 
 
+def _check_contradictions(entry: Entry, now: datetime) -> list[Any]:
+    """SPEC §4.5: a constitutional entry or an operator's rule is checked for contradictions
+    before the write returns; the open disputes it is part of are returned."""
+    from maintenance import contradictions  # maintenance imports this module
+
+    if not contradictions.checked_on_write(entry):
+        return []
+    return contradictions.check_on_write(entry, now=now)
+
+
 @dataclass(frozen=True)
 class UpdateResult:
     entry: Entry
     new_version: bool
     supersedes: int | None
+    disputes: tuple[Any, ...] = ()  # open disputes named by a checked write (SPEC §4.5)
 
 
 def entry_update(
@@ -618,8 +631,10 @@ def entry_update(
                 entry.anchors.all().delete()
                 CodeAnchor.objects.bulk_create([a.row(entry) for a in anchor_list])
             _rescore(workspace, [entry.pk], now)
+            text_or_kind = {"title", "tier", "source", "entry_type"} & values.keys()
+            disputes = _check_contradictions(entry, now) if text_or_kind else []
             entry.refresh_from_db()
-            return UpdateResult(entry=entry, new_version=False, supersedes=None)
+            return UpdateResult(entry=entry, new_version=False, supersedes=None, disputes=tuple(disputes))
 
         assert content is not None
         old_tags = list(old.tags.all()) if tag_names is None else tags_for_names(workspace, tag_names)
@@ -659,8 +674,9 @@ def entry_update(
                 now=now,
             )
         _rescore(workspace, [new.pk, *neighbour_ids([new.pk])], now)
+        disputes = _check_contradictions(new, now)
     new.refresh_from_db()
-    return UpdateResult(entry=new, new_version=True, supersedes=old.pk)
+    return UpdateResult(entry=new, new_version=True, supersedes=old.pk, disputes=tuple(disputes))
 
 
 def entry_tombstone(

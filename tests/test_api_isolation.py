@@ -71,6 +71,7 @@ MIN_ROLE: dict[tuple[str, str], str] = {
     ("POST", "/maintenance/runs/{id}/revert"): "operator",
     ("GET", "/hygiene/preview"): "viewer",
     ("POST", "/hygiene/apply"): "operator",
+    ("POST", "/hygiene/keep"): "operator",
     ("GET", "/disputes"): "viewer",
     ("POST", "/disputes/{id}/resolve"): "operator",
     ("POST", "/disputes/{dispute_id}/resolve"): "operator",
@@ -93,6 +94,7 @@ STRICTER: list[tuple[str, str, str, Any, str]] = [
 BODIES: dict[tuple[str, str], Callable[[dict[str, Any]], Any]] = {
     ("POST", "/relationships"): lambda ids: {"from_id": ids["entry"], "to_id": ids["other_entry"]},
     ("POST", "/hygiene/apply"): lambda ids: {"ids": [ids["entry"]]},
+    ("POST", "/hygiene/keep"): lambda ids: {"ids": [ids["entry"]]},
     ("POST", "/disputes/{id}/resolve"): lambda ids: {"resolution": "keep_both"},
     ("POST", "/disputes/{dispute_id}/resolve"): lambda ids: {"resolution": "keep_both"},
 }

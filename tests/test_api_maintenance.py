@@ -420,6 +420,7 @@ def test_an_operator_reverts_what_a_run_did(workspace, key):
         "reverted": [entry.pk],
         "skipped": [],
         "links_restored": 0,
+        "summaries_archived": [],
     }
     # Back where the run found it: it was stale before it was tombstoned (marking stale removes
     # nothing, so a run revert leaves it).
@@ -545,14 +546,14 @@ def test_everyone_reads_the_effective_policy(workspace, key):
     response = call("GET", "/policy", client=client, **headers)
     assert response.status_code == 200
     policy = response.json()
-    assert set(policy) == {*LIMITS, "exclude_tags", "updated_at"}
+    assert set(policy) == {*LIMITS, "exclude_tags", "residue_patterns", "updated_at"}
     assert {name: policy[name] for name in LIMITS} == {name: limit.default for name, limit in LIMITS.items()}
 
 
 def test_the_policy_schemas_have_every_setting_with_its_type():
     for schema in (PolicyIn, PolicyOut):
         fields = schema.model_fields
-        assert set(fields) - {"updated_at"} == {*LIMITS, "exclude_tags"}
+        assert set(fields) - {"updated_at"} == {*LIMITS, "exclude_tags", "residue_patterns"}
         for name, limit in LIMITS.items():
             assert ("int" if limit.integer else "float") in str(fields[name].annotation), name
 
@@ -620,3 +621,39 @@ def test_a_policy_update_creates_the_row_of_a_workspace_without_one(workspace, k
     policy = call("PUT", "/policy", key("admin"), {"backups_keep": 3}).json()
     assert policy["backups_keep"] == 3
     assert MaintenancePolicy.objects.get(workspace=workspace).backups_keep == 3
+
+
+@pytest.mark.parametrize("kind", ["hygiene", "contradictions", "consolidate"])
+def test_a_quality_pass_runs_alone_after_scoring(workspace, key, kind):
+    make(workspace, age_days=1)
+    response = call("POST", "/maintenance/run", key("agent"), {"kind": kind})
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["kind"], body["dry_run"], body["status"]) == (kind, True, "succeeded")
+    assert body["counts"]["scored"] == 1
+    assert MaintenanceRun.objects.get(pk=body["run_id"]).kind == kind
+
+
+@pytest.mark.parametrize("kind", ["prune", "decay", "everything", 3, None])
+def test_the_run_endpoint_refuses_other_kinds(workspace, key, kind):
+    response = call("POST", "/maintenance/run", key("operator"), {"kind": kind})
+    assert response.status_code == 422
+    assert not MaintenanceRun.objects.exists()
+
+
+def test_an_admin_sets_the_hygiene_residue_patterns_and_bad_ones_change_nothing(workspace, key):
+    admin = key("admin")
+    assert call("GET", "/policy", admin).json()["residue_patterns"] == []
+    response = call(
+        "PUT", "/policy", admin, {"residue_patterns": [" sprint \\d+ notes ", "<source-path>", ""]}
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["residue_patterns"] == ["sprint \\d+ notes", "<source-path>"]
+    for bad in (["(unclosed"], "just a string", [3], ["x" * 201], ["p"] * 51, ["nul\u0000"]):
+        refused = call("PUT", "/policy", admin, {"residue_patterns": bad, "backups_keep": 9})
+        assert refused.status_code == 422, bad
+        assert "residue_patterns" in json.dumps(refused.json()["detail"])
+    stored = MaintenancePolicy.objects.get(workspace=workspace)
+    assert stored.residue_patterns == ["sprint \\d+ notes", "<source-path>"]
+    assert stored.backups_keep == 5  # no partial write
+    assert call("PUT", "/policy", admin, {"residue_patterns": []}).json()["residue_patterns"] == []

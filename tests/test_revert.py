@@ -73,6 +73,7 @@ def test_a_revert_skips_entries_changed_since(workspace, now):
         "reverted": [b.pk],
         "skipped": [a.pk],
         "links_restored": 0,
+        "summaries_archived": [],
         "run_id": result["run_id"],
     }
     assert status(a) == "tombstoned"  # the operator's own tombstone stands

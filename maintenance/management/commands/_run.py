@@ -10,7 +10,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from maintenance.runs import _steps
+from maintenance.runs import steps
 
 
 @contextmanager
@@ -19,7 +19,7 @@ def pass_progress(kind: str, *, enabled: bool) -> Iterator[Callable[[str], None]
     if not enabled or not sys.stderr.isatty():
         yield None
         return
-    bar = tqdm(total=len(_steps(kind)), desc=f"{kind} run", unit="pass", file=sys.stderr, leave=False)
+    bar = tqdm(total=len(steps(kind)), desc=f"{kind} run", unit="pass", file=sys.stderr, leave=False)
 
     def step(name: str) -> None:
         bar.set_postfix_str(name)

@@ -3,13 +3,16 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from maintenance.management.commands._run import pass_progress, summary
-from maintenance.models import RunStatus
+from maintenance.models import RunKind, RunStatus
 from maintenance.runs import run_maintenance
 from memory.management.commands._base import WorkspaceCommand
 
 
 class Command(WorkspaceCommand):
-    help = "Run the full maintenance of a workspace (all passes of SPEC §4.1)."
+    help = (
+        "Run the maintenance of a workspace: all passes of SPEC §4.1, or with --kind only the "
+        "hygiene, contradiction or compaction pass (after scoring)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         super().add_arguments(parser)
@@ -17,13 +20,19 @@ class Command(WorkspaceCommand):
             "--dry-run", action="store_true", help="Report what would change; change nothing."
         )
         parser.add_argument("--force", action="store_true", help="Apply even if the circuit breaker trips.")
+        parser.add_argument(
+            "--kind",
+            choices=[RunKind.FULL, RunKind.HYGIENE, RunKind.CONTRADICTIONS, RunKind.CONSOLIDATE],
+            default=RunKind.FULL,
+            help="full (default), or one quality pass alone",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         workspace = self.get_workspace(options["workspace"])
-        with pass_progress("full", enabled=not options["json"]) as progress:
+        with pass_progress(options["kind"], enabled=not options["json"]) as progress:
             result = run_maintenance(
                 workspace=workspace,
-                kind="full",
+                kind=options["kind"],
                 trigger="cli",
                 dry_run=options["dry_run"],
                 force=options["force"],

@@ -1,0 +1,190 @@
+"""Compaction (SPEC §4.1 pass 7): many small notes of one work session become one digest.
+
+A *group* is the latest live (active or stale) ``test_entry`` and ``development_note`` entries
+of one (project, session_key) that automation may archive (managed, unpinned, not
+constitutional, none of the excluded tags) and that are older than
+``consolidation_min_age_days``. A group of more than ``consolidation_min_group`` fragments
+becomes one ``retrospective`` entry:
+
+- its content is a deterministic, readable digest: the session, the date range and count,
+  then one line per fragment (most important first, ties oldest first), cut to fit the
+  50,000-character limit with a note of how many lines were left out;
+- it links ``evolves_from`` to every fragment (so nothing is lost: each fragment stays one
+  click away, archived, and comes back when the run is reverted);
+- it is written with source ``platform`` (managed: the digest ages and can be archived like
+  any other memory; it is not an operator's word), the group's project and session key, and
+  a ``create`` LifecycleEvent of the run, so reverting the run archives the digest again;
+- the fragments are archived through the run's generic transition (one LifecycleEvent each,
+  revertible with the run).
+
+Notes without a session key are never grouped: "no session" is not one work session.
+
+Work per group is a constant number of queries (read the fragments, insert the digest, its
+links and event, archive the fragments in batches), never one query per entry.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Count
+
+from maintenance.passes import PassResult, RunContext, latest, transition, unprotected
+from maintenance.scoring_db import refresh_scores
+from memory.models import (
+    CONTENT_MAX,
+    TITLE_MAX,
+    Entry,
+    EntryType,
+    LifecycleEvent,
+    Relationship,
+    RelationshipType,
+    Source,
+    Status,
+)
+from memory.services import content_hash
+
+FRAGMENT_TYPES = (EntryType.TEST_ENTRY, EntryType.DEVELOPMENT_NOTE)
+LINE_MAX = 240  # characters of a fragment's first line kept in the digest
+REASON = "compact"
+
+
+def fragments(ctx: RunContext) -> Any:
+    cutoff = ctx.now - timedelta(days=ctx.policy.consolidation_min_age_days)
+    return unprotected(
+        latest(ctx)
+        .filter(
+            entry_type__in=FRAGMENT_TYPES,
+            status__in=[Status.ACTIVE, Status.STALE],
+            created_at__lt=cutoff,
+        )
+        .exclude(session_key=""),
+        ctx,
+    )
+
+
+def compact(ctx: RunContext) -> PassResult:
+    """Pass 7. ``count``/``ids`` are the archived fragments; ``extra`` carries
+    ``summaries_created``."""
+    groups = list(
+        fragments(ctx)
+        .values("project", "session_key")
+        .annotate(n=Count("pk"))
+        .filter(n__gt=ctx.policy.consolidation_min_group)
+        .order_by("project", "session_key")
+    )
+    result = PassResult(extra={"summaries_created": 0})
+    summaries: list[int] = []
+    for group in groups:
+        rows = list(
+            fragments(ctx)
+            .filter(project=group["project"], session_key=group["session_key"])
+            .order_by("-importance", "created_at", "pk")
+            .values("pk", "title", "content", "created_at", "importance", "entry_type")
+        )
+        if len(rows) <= ctx.policy.consolidation_min_group:
+            continue  # changed since the count: leave it for the next run
+        with transaction.atomic():
+            summary = _write_summary(ctx, group["project"], group["session_key"], rows)
+            archived = transition(
+                ctx,
+                fragments(ctx).filter(pk__in=[r["pk"] for r in rows]),
+                to_status=Status.ARCHIVED,
+                reason=REASON,
+            )
+        summaries.append(summary.pk)
+        result.ids += archived.ids
+        ctx.heartbeat()
+    if summaries:
+        refresh_scores(ctx.workspace, now=ctx.now, params=ctx.policy.decay_params, ids=summaries)
+    result.count = len(result.ids)
+    result.extra["summaries_created"] = len(summaries)
+    return result
+
+
+def _write_summary(ctx: RunContext, project: str, session_key: str, rows: list[dict[str, Any]]) -> Entry:
+    title, content = digest(project, session_key, rows)
+    entry = Entry(
+        workspace=ctx.workspace,
+        title=title,
+        content=content,
+        content_hash=content_hash(content),
+        project=project,
+        session_key=session_key,
+        entry_type=EntryType.RETROSPECTIVE,
+        source=Source.PLATFORM,
+        status=Status.ACTIVE,
+        status_changed_at=ctx.now,
+        created_at=ctx.now,
+        updated_at=ctx.now,
+        metadata={"compacted_by_run": ctx.run.pk if ctx.run else None, "fragments": len(rows)},
+    )
+    entry.save()
+    Entry.objects.filter(pk=entry.pk).update(lineage_id=entry.pk)
+    Relationship.objects.bulk_create(
+        Relationship(
+            workspace=ctx.workspace,
+            from_entry=entry,
+            to_entry_id=r["pk"],
+            type=RelationshipType.EVOLVES_FROM,
+            created_at=ctx.now,
+        )
+        for r in rows
+    )
+    LifecycleEvent.objects.create(
+        workspace=ctx.workspace,
+        entry=entry,
+        entry_ref=entry.pk,
+        from_status="",
+        to_status=Status.ACTIVE,
+        reason=REASON,
+        run=ctx.run,
+        actor=ctx.actor,
+        automatic=True,
+        created_at=ctx.now,
+        details={"fragments": [r["pk"] for r in rows]},
+    )
+    return entry
+
+
+def digest(project: str, session_key: str, rows: list[dict[str, Any]]) -> tuple[str, str]:
+    """Title and content of the retrospective of ``rows`` (already in digest order: most
+    important first). Deterministic: the same fragments give the same text."""
+    first = min(r["created_at"] for r in rows)
+    last = max(r["created_at"] for r in rows)
+    where = f"session {session_key}" + (f" of project {project}" if project else "")
+    title = f"Retrospective: {where}"[:TITLE_MAX]
+    kinds = sorted({r["entry_type"].replace("_", " ") for r in rows})
+    head = [
+        f"Retrospective of {where}.",
+        f"{len(rows)} {' and '.join(kinds)} fragments from {_day(first)} to {_day(last)}, "
+        "most important first; each one is linked (evolves_from) and kept archived.",
+        "",
+    ]
+    lines = [f"- {_day(r['created_at'])} [{r['importance']:.2f}] #{r['pk']}: {_first_line(r)}" for r in rows]
+    content = "\n".join(head + lines)
+    if len(content) > CONTENT_MAX:
+        kept: list[str] = []
+        budget = CONTENT_MAX - sum(len(h) + 1 for h in head) - 100
+        for line in lines:
+            if budget - (len(line) + 1) < 0:
+                break
+            kept.append(line)
+            budget -= len(line) + 1
+        more = len(lines) - len(kept)
+        content = "\n".join([*head, *kept, f"… and {more} more fragments (see the evolves_from links)."])
+    return title, content
+
+
+def _first_line(row: dict[str, Any]) -> str:
+    text = (row["title"] or "").strip() or next(
+        (line.strip() for line in row["content"].splitlines() if line.strip()), ""
+    )
+    text = " ".join(text.split())
+    return text if len(text) <= LINE_MAX else text[: LINE_MAX - 1] + "…"
+
+
+def _day(moment: datetime) -> str:
+    return moment.date().isoformat()

@@ -1,0 +1,672 @@
+"""Hygiene: explainable junk detection (SPEC §4.4) and the low-quality pass (§4.1, pass 6).
+
+**Detectors** — pure functions over plain strings, no ORM. Each returns a ``Reason`` (code,
+points, a human-readable detail) or ``None``. Text is NFC-normalised; words come from
+``maintenance.text`` (each CJK-like character is one word).
+
+- ``incomplete_fragment`` (2): fewer than 9 content words in title + content.
+- ``truncated_or_unbalanced`` (2): title or content ends in ``…`` or ``...`` (not after
+  "etc"); or, in title or content, an unclosed code fence, a stray inline backtick, unbalanced
+  brackets ``()[]{}`` or unbalanced quotes. A *fence* is any run of three or more backticks
+  (an odd number of them leaves one open, wherever the closing one stands). Before brackets
+  and quotes are checked, code is removed (fences, and inline spans: a run of backticks up to
+  the next run of the same length, so Markdown `x` and rST ``x`` alike), then URLs (with or
+  without a scheme; a closing bracket or punctuation the URL did not open stays with the
+  text) and emoticons such as ``:)``. A ``)`` after a list enumerator (``1)``, ``a)``, ``iv)``
+  at the start of a line or after whitespace) is ignored when nothing opened it. Quotes:
+  straight ``"`` must be even, ``“ ” „`` together even, ``« »`` together even; apostrophes and
+  single quotes are never counted.
+- ``code_heavy`` (1), on the content: ≥ 4 backticks with a density (backticks / characters)
+  above 0.015, exactly as the SPEC says — so a short note naming two identifiers in backticks
+  counts (one point: alone it never recommends archiving; bench/reports/hygiene-flask.md
+  shows how often it fires on real commit messages). Or: more than half of the non-empty
+  lines are code. Lines
+  inside a fence or holding a fence marker are code; another line is code-like when it ends
+  in ``;``, ``{`` or ``}``, or starts like code — ``def f(``, ``async def``, ``class C(``/``:``,
+  a whole-line ``import a, b as c`` or ``import x from '…'``, ``from x import``, ``return``
+  followed by one token or by code punctuation, ``const/let/var x =``, ``function f(``,
+  ``$ `` (shell prompt), ``>>>``, ``#include``, a decorator ``@a.b``/``@a(…)`` — or has the
+  shape of an assignment (``name = value``, ``obj.attr[key] += value``; not ``==`` or ``=>``),
+  of one call (``obj.method(…)`` as the whole line) or of closing brackets alone (``});``).
+  Lower-case keywords only: "Return the value" is prose.
+- ``implementation_residue`` (2): any residue pattern matches (below).
+- ``exact_duplicate`` (4): an older live entry (latest version, staged/active/stale) of the
+  workspace has the same content_hash; older = earlier created_at, then lower id. The oldest
+  copy is never flagged.
+- ``flagged_by_feedback`` (2): last feedback stale or wrong.
+- ``legacy_import`` (1): source import.
+
+Score = the sum of points. Recommendation ``archive`` when score ≥ 4 and never accessed
+(access_count 0), else ``review``.
+
+**Residue patterns** (``MaintenancePolicy.residue_patterns``): a JSON list of strings, each a
+case-insensitive Python regular expression searched in title + content. Null or an empty list
+means the built-in ``DEFAULT_RESIDUE_PATTERNS``; a stored list replaces them entirely. The
+token ``<source-path>`` stands for the built-in bare-source-path detector: a slash-separated
+path ending in a source-file extension (``services/x.ts``, ``./src/app.py``) outside code, URLs
+and e-mail addresses (``docs/api.rst`` is documentation, not source). ``clean_residue_patterns``
+validates a list for storage and refuses a bad one; at run time a stored pattern that does not
+compile is skipped, never a crash.
+
+**Services** (ORM): ``preview``, ``apply``, ``keep`` and ``archive_low_quality`` (pass 6). They
+read entries in keyset batches of plain values and find duplicates with one query per batch,
+so the number of queries does not grow with the number of entries.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, QuerySet
+from django.utils import timezone
+
+from maintenance.models import MaintenancePolicy
+from maintenance.passes import PassResult, RunContext, latest, transition, unprotected
+from maintenance.policy import PolicyValues
+from maintenance.scoring_db import refresh_scores
+from maintenance.text import content_words, normalise
+from memory.models import LIVE_STATUSES, Entry, LifecycleEvent, Source, Status, Workspace
+from memory.services import neighbour_ids
+
+MIN_CONTENT_WORDS = 9
+ARCHIVE_SCORE = 4
+EXCERPT_CHARS = 300
+BATCH_SIZE = 1000
+MIN_BACKTICKS = 4
+BACKTICK_DENSITY = 0.015
+CODE_SHARE = 0.5  # of the lines, or of the characters (backtick branch)
+FEEDBACK_FLAGS = ("stale", "wrong")
+
+SOURCE_PATH = "<source-path>"
+DEFAULT_RESIDUE_PATTERNS: tuple[str, ...] = (
+    r"\bimplementation\s+plan\b",
+    r"\bmaster\s?plan\b",
+    r"\badded\s+after\s+user\s+feedback\b",
+    SOURCE_PATH,
+)
+MAX_PATTERNS = 50
+MAX_PATTERN_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Reason:
+    code: str
+    points: int
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "points": self.points, "detail": self.detail}
+
+
+# --- text helpers -------------------------------------------------------------------------
+
+_FENCE = re.compile(r"`{3,}")
+_INLINE_CODE = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.S)
+_BACKTICK_RUN = re.compile(r"`+")
+# URLs, with or without a scheme (github.com/x/y.py is an address, not a bare path).
+_URL = re.compile(
+    r"\b[a-z][a-z0-9+.-]*://\S+|\bwww\.\S+|\b(?:[a-z0-9-]+\.)+(?:com|org|net|io|dev|edu|gov|co|app)/\S*",
+    re.I,
+)
+_EMOTICON = re.compile(r"(?<!\S)[:;=]'?-?[()\[\]](?![\w(\[])")
+_ENUMERATOR = re.compile(r"(?<!\S)(?:\d{1,3}|[A-Za-z]|[ivxIVX]{2,5})\)")
+_BRACKETS = {")": "(", "]": "[", "}": "{"}
+_TRUNCATED = ("…", "...")
+_ETC = re.compile(r"\betc\s*(?:…|\.{3,})$", re.I)  # "and so on, etc..." is finished, not cut off
+
+
+@dataclass(frozen=True)
+class _Split:
+    prose: str  # the text outside fences, inline code removed
+    code_lines: int  # non-empty lines inside fences or holding a fence marker
+    prose_lines: list[str]  # the other non-empty lines (inline code kept)
+    open_fence: bool
+    stray_backticks: int
+
+
+def _split(text: str) -> _Split:
+    """Fences are runs of three or more backticks; each toggles between prose and code wherever
+    it stands, so an odd number leaves a fence open. A line is code when it starts inside a
+    fence or holds a fence marker."""
+    parts = _FENCE.split(text)
+    prose = _INLINE_CODE.sub(" ", "\n".join(parts[0::2]))
+    code_lines = 0
+    prose_lines: list[str] = []
+    in_fence = False
+    for line in text.split("\n"):
+        marks = len(_FENCE.findall(line))
+        if in_fence or marks:
+            code_lines += bool(line.strip())
+        elif line.strip():
+            prose_lines.append(line)
+        in_fence ^= marks % 2 == 1
+    return _Split(
+        prose=prose,
+        code_lines=code_lines,
+        prose_lines=prose_lines,
+        open_fence=len(parts) % 2 == 0,
+        stray_backticks=len(_BACKTICK_RUN.findall(prose)),
+    )
+
+
+def _url_end(url: str) -> int:
+    """Where a URL found by ``_URL`` really ends: trailing punctuation, and closing brackets it
+    did not open, belong to the text around it ("(see https://x.org/a)." keeps its ")")."""
+    end = len(url)
+    while end:
+        ch = url[end - 1]
+        if ch in ".,:;!?'\"" or (
+            ch in _BRACKETS and url.count(_BRACKETS[ch], 0, end) < url.count(ch, 0, end)
+        ):
+            end -= 1
+        else:
+            break
+    return end
+
+
+def _without_urls(text: str) -> str:
+    return _URL.sub(lambda m: " " + m.group(0)[_url_end(m.group(0)) :], text)
+
+
+def _plain(prose: str) -> str:
+    """Prose without URLs (they may hold any bracket) and emoticons."""
+    return _EMOTICON.sub(" ", _without_urls(prose))
+
+
+def _bracket_problem(text: str) -> str | None:
+    optional = {m.end() - 1 for m in _ENUMERATOR.finditer(text)}
+    stack: list[str] = []
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            stack.append(ch)
+        elif ch in _BRACKETS:
+            if stack and stack[-1] == _BRACKETS[ch]:
+                stack.pop()
+            elif i not in optional:
+                return f"unmatched '{ch}'"
+    return f"unclosed '{stack[-1]}'" if stack else None
+
+
+def _quote_problems(text: str) -> list[str]:
+    problems = []
+    for label, chars in (('"', '"'), ("“ ” „", "“”„"), ("« »", "«»")):
+        n = sum(text.count(c) for c in chars)
+        if n % 2:
+            problems.append(f"odd number of {label} quotes ({n})")
+    return problems
+
+
+# --- detectors ----------------------------------------------------------------------------
+
+
+def incomplete_fragment(title: str, content: str) -> Reason | None:
+    n = len(content_words(f"{title}\n{content}"))
+    if n >= MIN_CONTENT_WORDS:
+        return None
+    words = "content word" if n == 1 else "content words"
+    return Reason("incomplete_fragment", 2, f"{n} {words} (fewer than {MIN_CONTENT_WORDS})")
+
+
+def _unbalanced(text: str) -> list[str]:
+    split = _split(text)
+    problems = []
+    if split.open_fence:
+        problems.append("unclosed code fence")
+    if split.stray_backticks:
+        problems.append("unmatched inline backtick")
+    plain = _plain(split.prose)
+    bracket = _bracket_problem(plain)
+    if bracket:
+        problems.append(bracket)
+    return problems + _quote_problems(plain)
+
+
+def truncated_or_unbalanced(title: str, content: str) -> Reason | None:
+    title, content = normalise(title).rstrip(), normalise(content).rstrip()
+    problems = []
+    for name, text in (("title", title), ("content", content)):
+        end = next((e for e in _TRUNCATED if text.endswith(e)), None)
+        if end and not _ETC.search(text):
+            problems.append(f"{name} ends in '{end}'")
+    problems += [f"title: {p}" for p in _unbalanced(title)] + _unbalanced(content)
+    if not problems:
+        return None
+    return Reason("truncated_or_unbalanced", 2, "; ".join(problems))
+
+
+_CODE_START = re.compile(
+    r"^(?:(?:async\s+)?def\s+\w+\s*\("
+    r"|class\s+\w+\s*[:(]"
+    r"|import\s+[\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*\s*;?$"
+    r"|import\s.+\sfrom\s+['\"]"
+    r"|from\s+[\w.]+\s+import\s"
+    r"|return(?:\s*;?$|\s+\S+\s*;?$|\s.*[(){}\[\];=+*<>])"
+    r"|(?:const|let|var)\s+\w+\s*="
+    r"|function\s*\w*\s*\("
+    r"|\$\s|>>>\s?"
+    r"|#include\b"
+    r"|@[A-Za-z_][\w.]*(?:\(.*\)|\.\w+)\s*$)"
+)
+_CODE_SHAPE = re.compile(
+    r"^(?:[A-Za-z_][\w.]*(?:\[[^\]]*\])?\s*[-+*/%|&]?=(?![=>])\s*\S"  # assignment (not == or =>)
+    r"|[A-Za-z_][\w.]*\(.*\)\s*;?$"  # a single call
+    r"|[)\]}]+[;,]?$)"  # closing brackets alone
+)
+
+
+def is_code_line(line: str) -> bool:
+    """A non-fenced line that looks like code (the heuristic of the module docstring)."""
+    s = line.strip()
+    return bool(s) and (s.endswith((";", "{", "}")) or bool(_CODE_START.match(s) or _CODE_SHAPE.match(s)))
+
+
+def code_share(text: str) -> float:
+    """The share of the visible characters (not spaces, not backticks) that stand inside
+    fences or inline code spans."""
+    parts = _FENCE.split(text)
+    code = "".join(parts[1::2]) + "".join(m.group(2) for m in _INLINE_CODE.finditer("\n".join(parts[0::2])))
+    total = _visible(text)
+    return _visible(code) / total if total else 0.0
+
+
+def _visible(text: str) -> int:
+    return sum(1 for ch in text if not ch.isspace() and ch != "`")
+
+
+def code_heavy(content: str) -> Reason | None:
+    content = normalise(content)
+    ticks = content.count("`")
+    density = ticks / max(len(content), 1)
+    if ticks >= MIN_BACKTICKS and density > BACKTICK_DENSITY:
+        return Reason("code_heavy", 1, f"{ticks} backticks, density {density:.3f} (over {BACKTICK_DENSITY})")
+    split = _split(content)
+    lines = split.code_lines + len(split.prose_lines)
+    code = split.code_lines + sum(1 for line in split.prose_lines if is_code_line(line))
+    if lines and code / lines > CODE_SHARE:
+        return Reason("code_heavy", 1, f"{code} of {lines} lines are code")
+    return None
+
+
+# Bare source paths: dir/…/name.ext with a source-file extension.
+_SOURCE_EXT = (
+    "py|pyi|pyx|js|jsx|mjs|cjs|ts|tsx|go|rs|java|kt|kts|scala|rb|php|c|h|cc|cpp|cxx|hh|hpp|cs|"
+    "swift|m|mm|sh|bash|zsh|ps1|sql|vue|svelte|html|htm|css|scss|sass|less|lua|pl|ex|exs|erl|"
+    "dart|jl|r"
+)
+_SOURCE_PATH = re.compile(
+    rf"(?<![\w./:@~\\-])(?:\.{{1,2}}/)?(?:[\w@+-][\w.@+-]*/)+[\w+-][\w.+-]*\.(?:{_SOURCE_EXT})(?![\w/-])",
+    re.I,
+)
+_EMAIL = re.compile(r"\S+@\S+\.\w+")
+
+Pattern = re.Pattern[str] | str  # a compiled regex, or SOURCE_PATH
+
+
+def clean_residue_patterns(value: Any) -> list[str]:
+    """Validate residue patterns for storage: a list of strings, each a regular expression
+    that compiles (or ``<source-path>``). Blank entries are dropped, duplicates removed; None
+    gives [] (= the built-in defaults). Raises ValueError with a message naming the problem."""
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple):
+        raise ValueError("residue_patterns: must be a list of strings (regular expressions)")
+    if len(value) > MAX_PATTERNS:
+        raise ValueError(f"residue_patterns: at most {MAX_PATTERNS} patterns")
+    out: dict[str, None] = {}
+    for item in value:
+        if not isinstance(item, str):
+            raise ValueError(f"residue_patterns: {item!r} is not a string")
+        if "\x00" in item:
+            raise ValueError("residue_patterns: a pattern may not contain a NUL character")
+        item = item.strip()
+        if not item:
+            continue
+        if len(item) > MAX_PATTERN_CHARS:
+            raise ValueError(
+                f"residue_patterns: {item[:40]!r}… is longer than {MAX_PATTERN_CHARS} characters"
+            )
+        if item != SOURCE_PATH:
+            try:
+                re.compile(item, re.I)
+            except re.error as exc:
+                raise ValueError(
+                    f"residue_patterns: {item!r} is not a valid regular expression ({exc})"
+                ) from None
+        out.setdefault(item, None)
+    return list(out)
+
+
+def compile_residue_patterns(value: Any) -> list[Pattern]:
+    """The patterns to use: the stored ones, or the defaults when none are stored. Patterns
+    that are not strings or do not compile are skipped."""
+    raw = value if isinstance(value, list | tuple) and value else DEFAULT_RESIDUE_PATTERNS
+    compiled: list[Pattern] = []
+    for item in raw:
+        if not isinstance(item, str) or not item.strip():
+            continue
+        if item.strip() == SOURCE_PATH:
+            compiled.append(SOURCE_PATH)
+            continue
+        try:
+            compiled.append(re.compile(item, re.I))
+        except re.error:
+            continue
+    return compiled
+
+
+def source_paths(text: str) -> list[str]:
+    """Bare source paths in ``text``: outside code, URLs and e-mail addresses."""
+    prose = _EMAIL.sub(" ", _without_urls(_split(normalise(text)).prose))
+    return [m.group(0) for m in _SOURCE_PATH.finditer(prose)]
+
+
+def implementation_residue(title: str, content: str, patterns: Sequence[Pattern]) -> Reason | None:
+    text = normalise(f"{title}\n{content}")
+    found: list[str] = []
+    for pattern in patterns:
+        if pattern == SOURCE_PATH:
+            found += [f"source path {p}" for p in source_paths(text)[:3]]
+        elif isinstance(pattern, re.Pattern) and (m := pattern.search(text)):
+            found.append(f"'{m.group(0)[:60]}'")
+    if not found:
+        return None
+    return Reason("implementation_residue", 2, "found " + ", ".join(dict.fromkeys(found)))
+
+
+def exact_duplicate(older_id: int | None) -> Reason | None:
+    if older_id is None:
+        return None
+    return Reason("exact_duplicate", 4, f"same content as older entry {older_id}")
+
+
+def flagged_by_feedback(last_feedback: str | None) -> Reason | None:
+    if last_feedback not in FEEDBACK_FLAGS:
+        return None
+    return Reason("flagged_by_feedback", 2, f"feedback: {last_feedback}")
+
+
+def legacy_import(source: str) -> Reason | None:
+    if source != Source.IMPORT:
+        return None
+    return Reason("legacy_import", 1, "imported (source import)")
+
+
+def assess(
+    *,
+    title: str,
+    content: str,
+    source: str,
+    last_feedback: str | None = None,
+    duplicate_of: int | None = None,
+    patterns: Sequence[Pattern] | None = None,
+) -> list[Reason]:
+    """Every reason that applies, in the order of the SPEC table."""
+    found = [
+        incomplete_fragment(title, content),
+        truncated_or_unbalanced(title, content),
+        code_heavy(content),
+        implementation_residue(
+            title, content, compile_residue_patterns(None) if patterns is None else patterns
+        ),
+        exact_duplicate(duplicate_of),
+        flagged_by_feedback(last_feedback),
+        legacy_import(source),
+    ]
+    return [r for r in found if r is not None]
+
+
+def score(reasons: Iterable[Reason]) -> int:
+    return sum(r.points for r in reasons)
+
+
+def recommend(points: int, access_count: int) -> str:
+    return "archive" if points >= ARCHIVE_SCORE and access_count == 0 else "review"
+
+
+# --- database services --------------------------------------------------------------------
+
+_FIELDS = ("pk", "title", "content", "content_hash", "source", "last_feedback", "access_count", "created_at")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: int
+    created_at: datetime
+    access_count: int
+    reasons: tuple[Reason, ...]
+
+    @property
+    def score(self) -> int:
+        return score(self.reasons)
+
+    @property
+    def recommendation(self) -> str:
+        return recommend(self.score, self.access_count)
+
+
+def _policy(workspace: Workspace) -> tuple[PolicyValues, list[Pattern]]:
+    """The workspace's policy and residue patterns, read fresh (one query)."""
+    row = MaintenancePolicy.objects.filter(workspace=workspace).first()
+    if row is None:
+        return PolicyValues(), compile_residue_patterns(None)
+    return row.values(), compile_residue_patterns(row.residue_patterns)
+
+
+def _not_kept(qs: QuerySet[Entry]) -> QuerySet[Entry]:
+    """An operator's keep holds while the content is the one they kept."""
+    return qs.exclude(review_kept_hash=F("content_hash"))
+
+
+def _eligible(workspace: Workspace, policy: PolicyValues) -> QuerySet[Entry]:
+    """Entries the preview considers: active latest, managed, unpinned, not constitutional,
+    none of the excluded tags, not kept."""
+    qs = Entry.objects.filter(workspace=workspace, is_latest=True, status=Status.ACTIVE)
+    return _not_kept(qs.unprotected(policy.exclude_tags))
+
+
+def _oldest_live(workspace: Workspace, hashes: set[str]) -> dict[str, tuple[datetime, int]]:
+    """For each hash, (created_at, id) of its oldest live latest entry (one query)."""
+    oldest: dict[str, tuple[datetime, int]] = {}
+    rows = Entry.objects.filter(
+        workspace=workspace, is_latest=True, status__in=LIVE_STATUSES, content_hash__in=hashes
+    ).values_list("content_hash", "created_at", "pk")
+    for h, created, pk in rows:
+        if h not in oldest or (created, pk) < oldest[h]:
+            oldest[h] = (created, pk)
+    return oldest
+
+
+def _scan(
+    workspace: Workspace,
+    qs: QuerySet[Entry],
+    patterns: Sequence[Pattern],
+    *,
+    batch_size: int = BATCH_SIZE,
+    on_batch: Callable[[], None] = lambda: None,
+) -> Iterator[Candidate]:
+    """Assess every entry of ``qs`` in keyset batches (two queries per batch); yields those
+    with a score above zero."""
+    last = 0
+    while True:
+        rows = list(qs.filter(pk__gt=last).order_by("pk").values(*_FIELDS)[:batch_size])
+        if not rows:
+            return
+        last = rows[-1]["pk"]
+        oldest = _oldest_live(workspace, {r["content_hash"] for r in rows})
+        for r in rows:
+            first = oldest.get(r["content_hash"])
+            older = first[1] if first and first < (r["created_at"], r["pk"]) else None
+            reasons = assess(
+                title=r["title"],
+                content=r["content"],
+                source=r["source"],
+                last_feedback=r["last_feedback"],
+                duplicate_of=older,
+                patterns=patterns,
+            )
+            if reasons:
+                yield Candidate(r["pk"], r["created_at"], r["access_count"], tuple(reasons))
+        on_batch()
+
+
+def candidates(workspace: Workspace) -> list[Candidate]:
+    """Every hygiene candidate of the workspace, best first: score desc, created_at, id."""
+    policy, patterns = _policy(workspace)
+    found = list(_scan(workspace, _eligible(workspace, policy), patterns))
+    found.sort(key=lambda c: (-c.score, c.created_at, c.id))
+    return found
+
+
+def preview(workspace: Workspace, *, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+    """The hygiene queue (SPEC §4.4): ``count`` candidates in all, and one page of them."""
+    found = candidates(workspace)
+    page = found[max(offset, 0) : max(offset, 0) + max(limit, 0)]
+    rows = {
+        r["pk"]: r
+        for r in Entry.objects.filter(pk__in=[c.id for c in page]).values(
+            "pk", "title", "content", "entry_type", "source"
+        )
+    }
+    return {
+        "count": len(found),
+        "candidates": [
+            {
+                "id": c.id,
+                "title": rows[c.id]["title"],
+                "content_excerpt": rows[c.id]["content"][:EXCERPT_CHARS],
+                "entry_type": rows[c.id]["entry_type"],
+                "source": rows[c.id]["source"],
+                "created_at": c.created_at,
+                "access_count": c.access_count,
+                "score": c.score,
+                "reasons": [r.as_dict() for r in c.reasons],
+                "recommendation": c.recommendation,
+            }
+            for c in page
+            if c.id in rows
+        ],
+    }
+
+
+def _requested(ids: Iterable[Any]) -> tuple[list[int], list[Any]]:
+    """The requested ids as integers, deduplicated in order, and the values that are not ids."""
+    good: dict[int, None] = {}
+    bad: list[Any] = []
+    for value in ids:
+        if isinstance(value, int) and not isinstance(value, bool):
+            good.setdefault(value, None)
+        elif isinstance(value, str) and value.strip().isdigit():
+            good.setdefault(int(value), None)
+        else:
+            bad.append(value)
+    return list(good), bad
+
+
+def _details(c: Candidate) -> dict[str, Any]:
+    return {"score": c.score, "reasons": [r.as_dict() for r in c.reasons]}
+
+
+def apply(
+    workspace: Workspace, ids: Iterable[Any], *, actor: str, now: datetime | None = None
+) -> dict[str, list[Any]]:
+    """Archive the requested entries that are in a fresh preview (still eligible, score > 0).
+    Anything else — unknown ids, other workspaces' ids, no longer eligible — is skipped. One
+    transaction: one UPDATE and the LifecycleEvents (reason ``hygiene``, with the reasons)."""
+    now = now or timezone.now()
+    requested, invalid = _requested(ids)
+    fresh = {c.id: c for c in candidates(workspace)}
+    wanted = [n for n in requested if n in fresh]
+    archived: list[int] = []
+    if wanted:
+        policy, _ = _policy(workspace)
+        with transaction.atomic():
+            rows = list(
+                _eligible(workspace, policy)
+                .filter(pk__in=wanted)
+                .select_for_update(of=("self",))
+                .values_list("pk", "status")
+            )
+            archived = sorted(pk for pk, _ in rows)
+            Entry.objects.filter(pk__in=archived).update(
+                status=Status.ARCHIVED, status_changed_at=now, archived_at=now, updated_at=now
+            )
+            LifecycleEvent.objects.bulk_create(
+                LifecycleEvent(
+                    workspace=workspace,
+                    entry_id=pk,
+                    entry_ref=pk,
+                    from_status=from_status,
+                    to_status=Status.ARCHIVED,
+                    reason="hygiene",
+                    actor=actor,
+                    automatic=False,
+                    created_at=now,
+                    details=_details(fresh[pk]),
+                )
+                for pk, from_status in rows
+            )
+        if archived:
+            refresh_scores(workspace, now=now, ids=[*archived, *neighbour_ids(archived)])
+    done = set(archived)
+    return {"archived": archived, "skipped": [i for i in requested if i not in done] + invalid}
+
+
+def keep(
+    workspace: Workspace, ids: Iterable[Any], *, actor: str, now: datetime | None = None
+) -> dict[str, list[Any]]:
+    """An operator's "keep": the entries leave the queue until their content changes (a new
+    version has a new hash). ``actor`` and ``now`` are accepted for symmetry with ``apply``;
+    keeping changes no status, so it writes no LifecycleEvent."""
+    requested, invalid = _requested(ids)
+    qs = Entry.objects.filter(workspace=workspace, is_latest=True, pk__in=requested)
+    with transaction.atomic():
+        kept = sorted(qs.select_for_update().values_list("pk", flat=True))
+        Entry.objects.filter(pk__in=kept).update(review_kept_hash=F("content_hash"))
+    done = set(kept)
+    return {"kept": kept, "skipped": [i for i in requested if i not in done] + invalid}
+
+
+def archive_low_quality(ctx: RunContext) -> PassResult:
+    """Pass 6: entries hygiene recommends archiving (score ≥ 4, never accessed), not kept,
+    unprotected, created more than low_quality_min_age_days before the run's ``now``, are
+    archived (reason ``low_quality``; each event's details carry the score and reasons)."""
+    _, patterns = _policy(ctx.workspace)
+    cutoff = ctx.now - timedelta(days=ctx.policy.low_quality_min_age_days)
+    qs = _not_kept(
+        unprotected(latest(ctx).filter(status=Status.ACTIVE, access_count=0, created_at__lt=cutoff), ctx)
+    )
+    picked = {
+        c.id: c
+        for c in _scan(ctx.workspace, qs, patterns, batch_size=ctx.batch_size * 2, on_batch=ctx.heartbeat)
+        if c.recommendation == "archive"
+    }
+    result = PassResult()
+    ids = sorted(picked)
+    for start in range(0, len(ids), ctx.batch_size):
+        chunk = ids[start : start + ctx.batch_size]
+        done = transition(
+            ctx,
+            latest(ctx).filter(pk__in=chunk, status=Status.ACTIVE),
+            to_status=Status.ARCHIVED,
+            reason="low_quality",
+        )
+        _explain(ctx, done.ids, picked)
+        result.ids += done.ids
+    result.count = len(result.ids)
+    return result
+
+
+def _explain(ctx: RunContext, ids: list[int], picked: Mapping[int, Candidate]) -> None:
+    """Store each archived entry's score and reasons on its pass-6 event (one UPDATE)."""
+    if not ids:
+        return
+    events = list(LifecycleEvent.objects.filter(run=ctx.run, reason="low_quality", entry_id__in=ids))
+    for event in events:
+        if event.entry_id is not None:
+            event.details = _details(picked[event.entry_id])
+    LifecycleEvent.objects.bulk_update(events, ["details"])

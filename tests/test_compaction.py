@@ -1,0 +1,224 @@
+"""Compaction (SPEC §4.1 pass 7): fragments of one (project, session_key) become one
+retrospective digest linked evolves_from to each; the fragments are archived, revertibly."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from maintenance.compaction import digest
+from maintenance.models import MaintenancePolicy, MaintenanceRun
+from maintenance.revert import revert_run
+from maintenance.runs import run_maintenance
+from memory import services
+from memory.models import CONTENT_MAX, Entry, LifecycleEvent, Relationship
+
+pytestmark = pytest.mark.django_db
+
+
+def fragment(workspace, now, n, *, age_days=20, session="feature-login", project="web", **fields):
+    fields.setdefault("entry_type", "development_note")
+    return services.entry_create(
+        workspace=workspace,
+        content=f"Step {n}: wired the login form validation and checked the session cookie handling",
+        project=project,
+        session_key=session,
+        created_at=now - timedelta(days=age_days, minutes=n),
+        now=now - timedelta(days=age_days, minutes=n),
+        **fields,
+    )
+
+
+def group(workspace, now, size, **kwargs):
+    return [fragment(workspace, now, n, **kwargs) for n in range(size)]
+
+
+def consolidate(workspace, now, **kwargs):
+    return run_maintenance(workspace=workspace, now=now, kind="consolidate", **kwargs)
+
+
+def summaries(workspace):
+    return Entry.objects.filter(workspace=workspace, entry_type="retrospective")
+
+
+def statuses(entries):
+    return set(Entry.objects.filter(pk__in=[e.pk for e in entries]).values_list("status", flat=True))
+
+
+def test_more_than_the_minimum_group_becomes_one_linked_retrospective(workspace, now):
+    fragments = group(workspace, now, 11)  # consolidation_min_group is 10: 11 > 10
+    result = consolidate(workspace, now)
+    assert result["status"] == "succeeded"
+    assert result["counts"]["summaries_created"] == 1
+    assert result["counts"]["consolidated"] == 11
+    assert result["affected"]["archived"] == sorted(f.pk for f in fragments)
+    (summary,) = summaries(workspace)
+    assert (summary.status, summary.project, summary.session_key) == ("active", "web", "feature-login")
+    assert summary.source == "platform" and summary.lineage_id == summary.pk
+    links = Relationship.objects.filter(from_entry=summary, type="evolves_from")
+    assert sorted(links.values_list("to_entry_id", flat=True)) == sorted(f.pk for f in fragments)
+    assert statuses(fragments) == {"archived"}
+    events = LifecycleEvent.objects.filter(run_id=result["run_id"], reason="compact", to_status="archived")
+    assert events.count() == 11 and all(e.automatic for e in events)
+    assert summary.scored_at is not None
+
+
+def test_exactly_the_minimum_is_not_a_group(workspace, now):
+    fragments = group(workspace, now, 10)
+    result = consolidate(workspace, now)
+    assert result["counts"]["summaries_created"] == 0
+    assert not summaries(workspace).exists()
+    assert statuses(fragments) == {"active"}
+
+
+def test_the_minimum_group_comes_from_the_policy(workspace, now):
+    MaintenancePolicy.objects.filter(workspace=workspace).update(consolidation_min_group=3)
+    group(workspace, now, 4)
+    assert consolidate(workspace, now)["counts"]["consolidated"] == 4
+
+
+def test_fragments_younger_than_the_minimum_age_do_not_count(workspace, now):
+    group(workspace, now, 8, age_days=20)
+    young = group(workspace, now, 5, age_days=13)  # consolidation_min_age_days is 14
+    assert consolidate(workspace, now)["counts"]["summaries_created"] == 0
+    assert statuses(young) == {"active"}
+
+
+def test_groups_are_per_project_and_session_and_a_missing_session_is_never_a_group(workspace, now):
+    group(workspace, now, 6, session="a")
+    group(workspace, now, 6, session="b")
+    group(workspace, now, 6, session="a", project="api")
+    no_session = group(workspace, now, 20, session="")
+    assert consolidate(workspace, now)["counts"]["summaries_created"] == 0
+    MaintenancePolicy.objects.filter(workspace=workspace).update(consolidation_min_group=5)
+    result = consolidate(workspace, now)
+    assert result["counts"]["summaries_created"] == 3
+    assert result["counts"]["consolidated"] == 18
+    assert statuses(no_session) == {"active"}
+    assert sorted(summaries(workspace).values_list("project", "session_key")) == [
+        ("api", "a"),
+        ("web", "a"),
+        ("web", "b"),
+    ]
+
+
+def test_only_development_notes_and_test_entries_of_managed_unprotected_entries_count(workspace, now):
+    notes = group(workspace, now, 6)
+    tests = group(workspace, now, 5, entry_type="test_entry")
+    others = [
+        fragment(workspace, now, 100, entry_type="decision"),
+        fragment(workspace, now, 101, pinned=True),
+        fragment(workspace, now, 102, source="operator"),
+        fragment(workspace, now, 103, tags=["keep-me"]),
+    ]
+    MaintenancePolicy.objects.filter(workspace=workspace).update(exclude_tags=["keep-me"])
+    result = consolidate(workspace, now)
+    assert result["counts"]["consolidated"] == 11
+    assert statuses(notes + tests) == {"archived"}
+    assert statuses(others) == {"active"}
+    assert "development note and test entry fragments" in summaries(workspace).get().content
+
+
+def test_a_dry_run_reports_the_counts_and_changes_nothing(workspace, now):
+    fragments = group(workspace, now, 12)
+    result = consolidate(workspace, now, dry_run=True)
+    assert (result["counts"]["summaries_created"], result["counts"]["consolidated"]) == (1, 12)
+    assert result["affected"]["archived"] == sorted(f.pk for f in fragments)
+    assert not summaries(workspace).exists()
+    assert statuses(fragments) == {"active"}
+    assert not Relationship.objects.filter(workspace=workspace).exists()
+
+
+def test_the_full_run_compacts_too_and_a_second_run_finds_nothing_left(workspace, now):
+    group(workspace, now, 11)
+    first = run_maintenance(workspace=workspace, now=now)
+    assert first["counts"]["summaries_created"] == 1
+    second = run_maintenance(workspace=workspace, now=now)
+    assert second["counts"]["summaries_created"] == 0
+    assert summaries(workspace).count() == 1
+
+
+def test_reverting_the_run_brings_the_fragments_back_and_archives_the_digest(workspace, now):
+    fragments = group(workspace, now, 11)
+    result = consolidate(workspace, now)
+    (summary,) = summaries(workspace)
+    undone = revert_run(workspace, result["run_id"], actor="user:ops", now=now + timedelta(hours=1))
+    assert undone["reverted"] == sorted(f.pk for f in fragments)
+    assert undone["summaries_archived"] == [summary.pk]
+    assert statuses(fragments) == {"active"}
+    summary.refresh_from_db()
+    assert summary.status == "archived"  # kept, never deleted
+    # Reverting twice changes nothing more.
+    again = revert_run(workspace, result["run_id"], actor="user:ops", now=now + timedelta(hours=2))
+    assert again["reverted"] == [] and again["summaries_archived"] == []
+
+
+def test_another_workspace_is_never_touched(workspace, other_workspace, now):
+    theirs = group(other_workspace, now, 11)
+    group(workspace, now, 11)
+    consolidate(workspace, now)
+    assert statuses(theirs) == {"active"}
+    assert not summaries(other_workspace).exists()
+
+
+def test_the_digest_is_deterministic_readable_and_most_important_first(workspace, now):
+    fragments = group(workspace, now, 11)
+    # A bigger blast radius makes it the most important (the run rescores every entry first).
+    Entry.objects.filter(pk=fragments[3].pk).update(impact_score=1.0, title="Chose the argon2 hasher")
+    result = consolidate(workspace, now)
+    content = summaries(workspace).get().content
+    lines = content.splitlines()
+    assert lines[0] == "Retrospective of session feature-login of project web."
+    first_day = (now - timedelta(days=20, minutes=10)).date().isoformat()
+    assert f"11 development note fragments from {first_day} to {first_day}" in lines[1]
+    items = [line for line in lines if line.startswith("- ")]
+    assert len(items) == 11
+    assert items[0].endswith(f"#{fragments[3].pk}: Chose the argon2 hasher")
+    shown = [float(item.split("[", 1)[1].split("]", 1)[0]) for item in items]
+    assert shown == sorted(shown, reverse=True) and shown[0] > shown[1]
+    # The same rows give the same text.
+    MaintenanceRun.objects.all().delete()
+    rows = [
+        {
+            "pk": f.pk,
+            "title": "",
+            "content": "x",
+            "created_at": f.created_at,
+            "importance": 0.1,
+            "entry_type": "test_entry",
+        }
+        for f in fragments
+    ]
+    assert digest("p", "s", rows) == digest("p", "s", rows)
+    assert result["counts"]["consolidated"] == 11
+
+
+def test_a_huge_group_stays_within_the_content_limit(workspace, now):
+    rows = [
+        {
+            "pk": n,
+            "title": "",
+            "content": "word " * 200,
+            "created_at": now - timedelta(days=30, minutes=n),
+            "importance": 0.5,
+            "entry_type": "development_note",
+        }
+        for n in range(1, 1001)
+    ]
+    title, content = digest("web", "s1", rows)
+    assert len(content) <= CONTENT_MAX
+    assert content.rstrip().endswith("more fragments (see the evolves_from links).")
+    assert len(title) <= 200
+
+
+def test_queries_do_not_grow_with_the_size_of_a_group(workspace, other_workspace, now):
+    def queries(ws, size):
+        group(ws, now, size)
+        with CaptureQueriesContext(connection) as ctx:
+            consolidate(ws, now)
+        return len(ctx.captured_queries)
+
+    small = queries(workspace, 11)
+    large = queries(other_workspace, 60)
+    assert large == small
