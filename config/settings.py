@@ -159,7 +159,7 @@ WHITENOISE_USE_FINDERS = DEBUG
 if DEBUG:
     STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns at start-up without it
 
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/console/"
 
 # --- Live updates ---------------------------------------------------------------------------

@@ -41,7 +41,7 @@ def test_an_anonymous_visitor_is_sent_to_login(client):
     response = client.get(URL)
 
     assert response.status_code == 302
-    assert response["Location"].startswith("/admin/login/")
+    assert response["Location"].startswith("/accounts/login/")
     assert "next=/console/" in response["Location"]
 
 

@@ -96,7 +96,7 @@ def test_it_serves_admin_with_its_static_files(server):
 def test_the_console_asks_for_a_login(server):
     response = _get(f"{server['base']}/console/")
     assert response.status == 302
-    assert response.headers["Location"].startswith("/admin/login/")
+    assert response.headers["Location"].startswith("/accounts/login/")
 
 
 def _login_cookie(server) -> str:
@@ -104,12 +104,12 @@ def _login_cookie(server) -> str:
     password = server["demo_output"].split("with password: ")[1].split()[0]
     jar = http.cookiejar.CookieJar()
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    form = opener.open(f"{server['base']}/admin/login/", timeout=5).read().decode()
+    form = opener.open(f"{server['base']}/accounts/login/", timeout=5).read().decode()
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form).group(1)
     data = urllib.parse.urlencode(
         {"csrfmiddlewaretoken": token, "username": "operator", "password": password, "next": "/console/"}
     ).encode()
-    opener.open(f"{server['base']}/admin/login/", data=data, timeout=5)
+    opener.open(f"{server['base']}/accounts/login/", data=data, timeout=5)
     cookies = {c.name: c.value for c in jar}
     assert "sessionid" in cookies, "login failed"
     return "; ".join(f"{k}={v}" for k, v in cookies.items())
