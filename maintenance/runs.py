@@ -31,6 +31,7 @@ from maintenance import backups, lease, passes
 from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus
 from maintenance.passes import LeaseLost, PassResult, RunContext
 from maintenance.policy import PolicyValues, clamp_value, clean_tags
+from memory import live
 from memory.models import Entry, Status, Workspace
 
 log = logging.getLogger(__name__)
@@ -239,6 +240,7 @@ def _finish(run: MaintenanceRun, status: str, outcome: Outcome | None, *, error:
     if outcome is not None and run.kind == RunKind.DECAY:
         run.result["sweep"] = _decay_details(outcome, run)
     run.save(update_fields=["status", "finished_at", "error", "counts", "affected", "result"])
+    live.run_finished(run)
     return run.result
 
 
@@ -285,6 +287,7 @@ def run_maintenance(
         started_at=timezone.now(),
         params={"now": now.isoformat(), **_policy_params(policy)},
     )
+    live.run_started(run)
     holder = lease.new_holder()
     if not lease.acquire(workspace, holder=holder, now=timezone.now(), run=run):
         return _finish(run, RunStatus.SKIPPED, None, error="another run holds this workspace's lease")

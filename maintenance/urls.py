@@ -1,5 +1,17 @@
-"""Console pages of maintenance: the review queue and the runs (under /console/<slug>/)."""
+"""Console pages of maintenance: the review queue and the runs (under /console/<slug>/, in the
+``console`` namespace of memory/urls.py)."""
 
-from django.urls import path  # noqa: F401
+from django.urls import path
 
-urlpatterns: list = []
+from maintenance import views
+
+urlpatterns = [
+    path("review/", views.review, name="review"),
+    path("review/hygiene/", views.hygiene_action, name="hygiene_action"),
+    path("review/revert/", views.revert_entries, name="revert_entries"),
+    path("review/restore/", views.restore_tombstones, name="restore_tombstones"),
+    path("disputes/<int:dispute_id>/resolve/", views.resolve_dispute, name="resolve_dispute"),
+    path("runs/", views.runs, name="runs"),
+    path("runs/<int:run_id>/", views.run, name="run"),
+    path("runs/<int:run_id>/revert/", views.revert_run, name="revert_run"),
+]

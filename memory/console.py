@@ -45,10 +45,11 @@ class Console:
 
 def console_for(request: HttpRequest, slug: str) -> Console:
     """The member's view of workspace ``slug``, or 404."""
-    user = request.user
+    user: Any = request.user
     workspace = Workspace.objects.filter(slug=slug).first()
     if workspace is None:
         raise Http404("no such workspace")
+    role: str
     if user.is_superuser:
         role = Role.ADMIN
     else:
@@ -82,7 +83,17 @@ def workspace_page(
 
 
 def operator_action(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """A state-changing console action: POST only, operator or admin."""
+    """A state-changing console action: POST only, operator or admin. After an action that
+    did not fail, every open page of the workspace gets the new review counts (live)."""
     from django.views.decorators.http import require_POST
 
-    return workspace_page(Role.OPERATOR)(require_POST(view))
+    from memory import live
+
+    @wraps(view)
+    def acted(request: HttpRequest, console: Console, **kwargs: Any) -> HttpResponse:
+        response = view(request, console, **kwargs)
+        if response.status_code < 400:
+            live.announce_queue(console.workspace.pk)
+        return response
+
+    return workspace_page(Role.OPERATOR)(require_POST(acted))

@@ -1,6 +1,8 @@
 """Live updates over websockets. The consumer never touches the database: the membership
 middleware in front of it resolves the member's role, and publishers send ready-rendered
-HTML fragments to the workspace's group (see ``memory.events``)."""
+HTML fragments to the workspace's group (see ``memory.live`` for the whole design). In the
+embedded mode the first connection of a process starts the outbox relay (``memory.events``),
+a task of its own: the consumer only counts its listeners."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from memory import events
 from memory.events import workspace_group
 
 CLOSE_FORBIDDEN = 4403
@@ -46,6 +49,7 @@ def _membership(user: Any, slug: str) -> tuple[int, str] | None:
 
 class WorkspaceLiveConsumer(AsyncWebsocketConsumer):
     group: str | None = None
+    listening = False
 
     async def connect(self) -> None:
         if not self.scope.get("workspace_role"):
@@ -54,9 +58,14 @@ class WorkspaceLiveConsumer(AsyncWebsocketConsumer):
             return
         self.group = workspace_group(self.scope["workspace_id"])
         await self.channel_layer.group_add(self.group, self.channel_name)
+        events.listener_joined(self.channel_layer)
+        self.listening = True
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
+        if self.listening:
+            self.listening = False
+            events.listener_left()
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 

@@ -538,3 +538,20 @@ class LifecycleEvent(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.entry_ref} {self.from_status or '∅'} → {self.to_status} ({self.reason})"
+
+
+class LiveMessage(models.Model):
+    """The outbox of live updates in the embedded mode (no shared channel layer): a process
+    that announces a change writes the rendered fragment here, and the relay task of each web
+    process forwards the rows of other processes to its websockets (see ``memory.live``). Rows
+    live a few minutes."""
+
+    # A plain id, no foreign key: the outbox is transport, not workspace data (no backup, no
+    # cascade); rows of a deleted workspace simply age out.
+    workspace_id = models.BigIntegerField()
+    html = models.TextField()
+    origin = models.CharField(max_length=100, help_text="The process that wrote it (host:pid:random)")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    def __str__(self) -> str:
+        return f"live message {self.pk} for workspace {self.workspace_id}"

@@ -11,6 +11,15 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("console/", views.console_home, name="home"),
+    path("console/<slug:slug>/", views.dashboard, name="dashboard"),
+    path("console/<slug:slug>/run/", views.run_now, name="run_now"),
+    path("console/<slug:slug>/entries/", views.entries, name="entries"),
+    path("console/<slug:slug>/entries/<int:entry_id>/", views.entry, name="entry"),
+    path(
+        "console/<slug:slug>/entries/<int:entry_id>/<str:action>/",
+        views.entry_action,
+        name="entry_action",
+    ),
     # The review queue and the runs (maintenance/urls.py) share the console namespace.
     path("console/<slug:slug>/", include("maintenance.urls")),
 ]

@@ -1,12 +1,61 @@
-"""Console pages. The full review console is built on these foundations (operator console
-issue); for now the home page lists the member's workspaces with their counts."""
+"""Console pages (SPEC §6): the workspaces home, a workspace's dashboard, its entries and one
+entry. Views are thin: access is checked by ``memory.console`` (viewers see, operators act; a
+partial or an htmx request goes through the same check), reads come from
+``memory.console_selectors`` and every write goes through a service.
 
+The same URL renders the whole page or, for an htmx request, only the partial that changed;
+every action is also a plain form POST answered with a 303 redirect, so the pages work
+without JavaScript.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlencode
+
+from django import forms
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.cache import patch_vary_headers
 
-from memory.models import Status
-from memory.selectors import workspace_summaries
+from maintenance.models import MaintenanceRun, RunKind, RunTrigger
+from maintenance.runs import run_maintenance
+from maintenance.selectors import run_get
+from memory import charts, console_selectors, live, services
+from memory.console import Console, operator_action, workspace_page
+from memory.errors import NotFound, ServiceError
+from memory.models import EntryType, Status, Tier, TombstoneReason
+from memory.schemas import INT64_MAX
+from memory.selectors import ENTRY_SORTS, status_counts, workspace_summaries
+
+
+class SeeOther(HttpResponseRedirect):
+    """303: after a POST the browser GETs the page again (no resubmission on reload)."""
+
+    status_code = 303
+
+
+def _partial_or_page(
+    request: HttpRequest, template: str, partial: str, context: dict[str, Any]
+) -> HttpResponse:
+    name = f"{template}#{partial}" if request.htmx else template  # type: ignore[attr-defined]
+    response = render(request, name, context)
+    patch_vary_headers(response, ["HX-Request"])  # one URL, two bodies: caches must tell them apart
+    return response
+
+
+def _known_id(pk: int) -> int:
+    # Ids beyond 64 bits exist in neither database (SQLite would even raise on them).
+    if not 0 < pk <= INT64_MAX:
+        raise Http404("no such id")
+    return pk
+
+
+# --- home and dashboard -----------------------------------------------------------------------
 
 
 @login_required
@@ -16,3 +65,167 @@ def console_home(request: HttpRequest) -> HttpResponse:
         "memory/console_home.html",
         {"summaries": workspace_summaries(request.user), "statuses": Status.values},
     )
+
+
+def _dashboard_context(console: Console, result: MaintenanceRun | None) -> dict[str, Any]:
+    workspace = console.workspace
+    counts = status_counts(workspace)
+    unit, growth = console_selectors.growth(workspace)
+    histogram = console_selectors.importance_histogram(workspace)
+    return {
+        "console": console,
+        "workspace": workspace,
+        "counts": [(status, counts.get(status, 0)) for status in Status.values],
+        "total": sum(counts.values()),
+        "growth_chart": charts.time_series(
+            [(p.label, p.total) for p in growth],
+            chart_id="growth-chart",
+            title="Memories created over time (cumulative)",
+            x_label=f"{unit} starting",
+            y_label="memories",
+        ),
+        "growth_unit": unit,
+        "histogram_chart": charts.bar_chart(
+            list(zip(console_selectors.histogram_labels(), histogram, strict=True)),
+            chart_id="importance-chart",
+            title="Importance of live memories",
+            x_label="stored importance (bin start)",
+            y_label="memories",
+        ),
+        # The same rows, through the same function, as the live update pushes.
+        **live.runs_context(workspace),
+        "schedule": console_selectors.next_runs(workspace, now=timezone.now()),
+        "result": result,
+    }
+
+
+@workspace_page()
+def dashboard(request: HttpRequest, console: Console) -> HttpResponse:
+    context = _dashboard_context(console, _run_or_none(console, request.GET.get("ran")))
+    return render(request, "console/dashboard.html", context)
+
+
+def _run_or_none(console: Console, run_id: str | None) -> MaintenanceRun | None:
+    """The run named by ``?ran=`` (where a no-JavaScript "run now" lands), if it is this
+    workspace's."""
+    try:
+        return run_get(console.workspace, _known_id(int(run_id or "")))
+    except (ValueError, Http404, NotFound):
+        return None
+
+
+@operator_action
+def run_now(request: HttpRequest, console: Console) -> HttpResponse:
+    """Start a full run now, in this request. Anything but ``dry_run=0`` is a dry run: a form
+    that lost its field must not change data. For htmx, the result replaces the result area;
+    a real run also refreshes, out of band, what it changed (counts, charts, the next run).
+    The runs table is refreshed by the live update the run itself announces."""
+    dry_run = request.POST.get("dry_run") != "0"
+    result = run_maintenance(
+        workspace=console.workspace,
+        kind=RunKind.FULL,
+        trigger=RunTrigger.UI,
+        dry_run=dry_run,
+        actor=console.actor,
+    )
+    if not request.htmx:  # type: ignore[attr-defined]
+        url = reverse("console:dashboard", args=[console.workspace.slug])
+        return SeeOther(f"{url}?{urlencode({'ran': result['run_id']})}#run-result")
+    run = run_get(console.workspace, result["run_id"])
+    if dry_run:
+        context = {"console": console, "workspace": console.workspace, "result": run}
+        return render(request, "console/dashboard.html#run-result", context)
+    context = {**_dashboard_context(console, run), "oob": True}
+    return render(request, "console/dashboard.html#run-response", context)
+
+
+# --- entries ----------------------------------------------------------------------------------
+
+
+def _choices(values: Any) -> list[tuple[str, str]]:
+    return [("", "any"), *((v, v) for v in values)]
+
+
+class EntryFilterForm(forms.Form):
+    q = forms.CharField(required=False, max_length=200, label="Text")
+    status = forms.ChoiceField(required=False, choices=_choices(console_selectors.LISTED_STATUSES))
+    entry_type = forms.ChoiceField(required=False, choices=_choices(EntryType.values), label="Type")
+    tier = forms.ChoiceField(required=False, choices=_choices(Tier.values))
+    tag = forms.CharField(required=False, max_length=100)
+    project = forms.CharField(required=False, max_length=200)
+    sort = forms.ChoiceField(required=False, choices=[(k, k) for k in ENTRY_SORTS])
+
+    def filters(self) -> dict[str, Any]:
+        """The valid filters (an invalid one is dropped and reported, never a 500)."""
+        self.is_valid()
+        data = getattr(self, "cleaned_data", {})
+        found = {k: v for k, v in data.items() if v and k != "sort"}
+        return {**found, "sort": data.get("sort") or "importance"}
+
+
+@workspace_page()
+def entries(request: HttpRequest, console: Console) -> HttpResponse:
+    form = EntryFilterForm(request.GET)
+    listed = console_selectors.entry_page_list(console.workspace, **form.filters())
+    page = console_selectors.paginate(listed, request.GET.get("page"), console_selectors.ENTRIES_PER_PAGE)
+    context = {"console": console, "workspace": console.workspace, "form": form, "page": page}
+    return _partial_or_page(request, "console/entries.html", "entry-list", context)
+
+
+def _entry_context(console: Console, entry_id: int, request: HttpRequest) -> dict[str, Any]:
+    try:
+        page = console_selectors.entry_page(
+            console.workspace, _known_id(entry_id), now=timezone.now(), events_page=request.GET.get("events")
+        )
+    except NotFound:
+        raise Http404("no such entry in this workspace") from None
+    return {"console": console, "workspace": console.workspace, "page": page, "entry": page.entry}
+
+
+@workspace_page()
+def entry(request: HttpRequest, console: Console, entry_id: int) -> HttpResponse:
+    context = _entry_context(console, entry_id, request)
+    return _partial_or_page(request, "console/entry.html", "entry-history", context)
+
+
+def _pin(pinned: bool) -> Callable[[Console, int], Any]:
+    return lambda console, entry_id: services.entry_set_pinned(
+        workspace=console.workspace, entry_id=entry_id, pinned=pinned, actor=console.actor
+    )
+
+
+ENTRY_ACTIONS: dict[str, Callable[[Console, int], Any]] = {
+    "pin": _pin(True),
+    "unpin": _pin(False),
+    "restore": lambda console, entry_id: services.entry_restore(
+        workspace=console.workspace, entry_id=entry_id, actor=console.actor
+    ),
+    "tombstone": lambda console, entry_id: services.entry_tombstone(
+        workspace=console.workspace, entry_id=entry_id, reason=TombstoneReason.MANUAL, actor=console.actor
+    ),
+}
+
+
+@operator_action
+def entry_action(request: HttpRequest, console: Console, entry_id: int, action: str) -> HttpResponse:
+    """Pin, unpin, restore or tombstone one entry. A refusal (an old version, an entry already
+    in that state) is shown on the page with its status code; for htmx the refreshed header
+    carries the message with 200, because htmx does not swap error responses and the page the
+    operator acted on was evidently out of date."""
+    act = ENTRY_ACTIONS.get(action)
+    if act is None:
+        raise Http404(f"no action {action!r}")
+    error: ServiceError | None = None
+    try:
+        act(console, _known_id(entry_id))
+    except NotFound:
+        raise Http404("no such entry in this workspace") from None
+    except ServiceError as exc:
+        error = exc
+    if not request.htmx and error is None:  # type: ignore[attr-defined]
+        return SeeOther(reverse("console:entry", args=[console.workspace.slug, entry_id]))
+    context = {**_entry_context(console, entry_id, request), "error": error}
+    if request.htmx:  # type: ignore[attr-defined]
+        return render(request, "console/entry.html#action-result", {**context, "oob": True})
+    assert error is not None
+    return render(request, "console/entry.html", context, status=error.status_code)

@@ -340,9 +340,14 @@ def test_a_run_killed_at_any_point_leaves_no_half_applied_batch_and_the_next_run
 
     final = json.loads(helper(_run_args(killed), safety_db))
     assert final["status"] == "succeeded", final
-    for run in _runs(killed):
-        if run.pk in killed_runs:
-            assert run.status == "failed" and "interrupted" in run.error, (run.pk, run.status, run.error)
+    statuses = {run.pk: (run.status, run.error) for run in _runs(killed) if run.pk in killed_runs}
+    # A kill can land after the run has recorded its end (its last pass was short, and the
+    # process was still announcing the result): such a run stands as it recorded itself.
+    # Every other killed run is marked failed by the next one. The archive stage has far
+    # more batches than the delay before the kill, so at least that run is interrupted.
+    assert statuses[killed_runs[0]][0] == "failed", statuses
+    for status, error in statuses.values():
+        assert status == "succeeded" or (status == "failed" and "interrupted" in error), statuses
     _nothing_half_applied(killed)
     _nothing_done_twice(killed)
 

@@ -1,0 +1,176 @@
+"""Server-side SVG charts for the console (SPEC §6: no asset from a CDN, no JavaScript).
+
+Pure functions: data in, SVG markup out. Every piece of text that reaches the markup goes
+through ``escape`` and every number is formatted by us, so the result is marked safe only after
+that. Each chart is an ``<svg role="img">`` labelled by its ``<title>`` and ``<desc>``; each bar
+or point carries its own ``<title>`` (the browser's tooltip and what a screen reader reads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+
+# Geometry in SVG user units; the chart scales with its container through the viewBox.
+WIDTH = 560
+HEIGHT = 220
+MARGIN_LEFT = 44  # room for the y tick labels
+MARGIN_RIGHT = 12
+MARGIN_TOP = 12
+MARGIN_BOTTOM = 44  # room for the x tick labels and the axis label
+MAX_X_LABELS = 6  # a time axis labels at most this many points, evenly spread
+
+
+def _num(value: float) -> str:
+    """A coordinate or count as short text: no exponent, at most two decimals."""
+    text = f"{value:.2f}".rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+def _plot_box(width: int, height: int) -> tuple[float, float, float, float]:
+    """x0, y0 (top), plot width, plot height."""
+    return (
+        MARGIN_LEFT,
+        MARGIN_TOP,
+        width - MARGIN_LEFT - MARGIN_RIGHT,
+        height - MARGIN_TOP - MARGIN_BOTTOM,
+    )
+
+
+def _open(chart_id: str, title: str, description: str, width: int, height: int) -> list[str]:
+    cid = escape(chart_id)
+    return [
+        f'<svg class="chart" id="{cid}" xmlns="http://www.w3.org/2000/svg" '
+        f'viewBox="0 0 {width} {height}" role="img" '
+        f'aria-labelledby="{cid}-title {cid}-desc" preserveAspectRatio="xMidYMid meet">',
+        f'<title id="{cid}-title">{escape(title)}</title>',
+        f'<desc id="{cid}-desc">{escape(description)}</desc>',
+    ]
+
+
+def _axes(width: int, height: int, top_value: float, x_label: str, y_label: str) -> list[str]:
+    """Both axes, three y ticks (0, half, top) and the axis labels."""
+    x0, y0, pw, ph = _plot_box(width, height)
+    base = y0 + ph
+    parts = [
+        f'<line class="axis" x1="{_num(x0)}" y1="{_num(base)}" x2="{_num(x0 + pw)}" y2="{_num(base)}"/>',
+        f'<line class="axis" x1="{_num(x0)}" y1="{_num(y0)}" x2="{_num(x0)}" y2="{_num(base)}"/>',
+    ]
+    for fraction in (0.0, 0.5, 1.0):
+        y = base - ph * fraction
+        value = top_value * fraction
+        parts.append(
+            f'<line class="grid" x1="{_num(x0)}" y1="{_num(y)}" x2="{_num(x0 + pw)}" y2="{_num(y)}"/>'
+        )
+        parts.append(
+            f'<text class="tick" x="{_num(x0 - 4)}" y="{_num(y + 4)}" text-anchor="end">{_num(value)}</text>'
+        )
+    parts.append(
+        f'<text class="axis-label" x="{_num(x0 + pw / 2)}" y="{_num(height - 4)}" '
+        f'text-anchor="middle">{escape(x_label)}</text>'
+    )
+    parts.append(
+        f'<text class="axis-label" x="12" y="{_num(y0 + ph / 2)}" text-anchor="middle" '
+        f'transform="rotate(-90 12 {_num(y0 + ph / 2)})">{escape(y_label)}</text>'
+    )
+    return parts
+
+
+def _empty(parts: list[str], width: int, height: int, message: str) -> SafeString:
+    parts.append(
+        f'<text class="empty" x="{_num(width / 2)}" y="{_num(height / 2)}" '
+        f'text-anchor="middle">{escape(message)}</text>'
+    )
+    parts.append("</svg>")
+    return mark_safe("".join(parts))  # safe: every text above is escaped
+
+
+def _top(values: Sequence[float]) -> float:
+    """The top of the y axis: the largest value, at least 1 (an all-zero chart still has a scale)."""
+    return max([1.0, *values])
+
+
+def bar_chart(
+    bars: Sequence[tuple[str, float]],
+    *,
+    chart_id: str,
+    title: str,
+    x_label: str,
+    y_label: str,
+    width: int = WIDTH,
+    height: int = HEIGHT,
+) -> SafeString:
+    """A vertical bar chart, one ``<rect class="bar">`` per (label, value), labelled under each bar."""
+    parts = _open(chart_id, title, f"{len(bars)} bars: {x_label} against {y_label}", width, height)
+    if not bars:
+        return _empty(parts, width, height, "No data yet")
+    values = [max(0.0, float(v)) for _, v in bars]
+    top = _top(values)
+    parts += _axes(width, height, top, x_label, y_label)
+    x0, y0, pw, ph = _plot_box(width, height)
+    slot = pw / len(bars)
+    gap = min(4.0, slot * 0.15)
+    base = y0 + ph
+    for i, ((label, _), value) in enumerate(zip(bars, values, strict=True)):
+        h = ph * value / top
+        x = x0 + i * slot + gap / 2
+        text = escape(label)
+        parts.append(
+            f'<rect class="bar" x="{_num(x)}" y="{_num(base - h)}" width="{_num(slot - gap)}" '
+            f'height="{_num(h)}"><title>{text}: {_num(value)}</title></rect>'
+        )
+        parts.append(
+            f'<text class="tick" x="{_num(x0 + (i + 0.5) * slot)}" y="{_num(base + 14)}" '
+            f'text-anchor="middle">{text}</text>'
+        )
+    parts.append("</svg>")
+    return mark_safe("".join(parts))  # safe: labels escaped, numbers formatted here
+
+
+def time_series(
+    points: Sequence[tuple[str, float]],
+    *,
+    chart_id: str,
+    title: str,
+    x_label: str,
+    y_label: str,
+    width: int = WIDTH,
+    height: int = HEIGHT,
+) -> SafeString:
+    """A line through (label, value) points in order, one ``<circle class="point">`` each; at
+    most ``MAX_X_LABELS`` labels on the x axis, always the first and the last."""
+    parts = _open(chart_id, title, f"{len(points)} points: {y_label} by {x_label}", width, height)
+    if not points:
+        return _empty(parts, width, height, "No data yet")
+    values = [max(0.0, float(v)) for _, v in points]
+    top = _top(values)
+    parts += _axes(width, height, top, x_label, y_label)
+    x0, y0, pw, ph = _plot_box(width, height)
+    base = y0 + ph
+    step = pw / (len(points) - 1) if len(points) > 1 else 0.0
+    xs = [x0 + i * step if len(points) > 1 else x0 + pw / 2 for i in range(len(points))]
+    ys = [base - ph * v / top for v in values]
+    path = " ".join(f"{_num(x)},{_num(y)}" for x, y in zip(xs, ys, strict=True))
+    parts.append(
+        f'<polygon class="area" points="{_num(xs[0])},{_num(base)} {path} {_num(xs[-1])},{_num(base)}"/>'
+    )
+    parts.append(f'<polyline class="line" points="{path}"/>')
+    shown = min(len(points), MAX_X_LABELS)
+    last = len(points) - 1
+    labelled = {round(j * last / (shown - 1)) for j in range(shown)} if shown > 1 else {0}
+    for i, ((label, _), x, y, value) in enumerate(zip(points, xs, ys, values, strict=True)):
+        text = escape(label)
+        parts.append(
+            f'<circle class="point" cx="{_num(x)}" cy="{_num(y)}" r="3">'
+            f"<title>{text}: {_num(value)}</title></circle>"
+        )
+        if i in labelled:
+            # The end labels hang inwards so that they are never cut off at the edges.
+            anchor = "start" if i == 0 and last else "end" if i == last and last else "middle"
+            parts.append(
+                f'<text class="tick" x="{_num(x)}" y="{_num(base + 14)}" text-anchor="{anchor}">{text}</text>'
+            )
+    parts.append("</svg>")
+    return mark_safe("".join(parts))  # safe: labels escaped, numbers formatted here

@@ -1,0 +1,155 @@
+"""In a real browser, an operator works through the review queue and a run page: archive a
+hygiene candidate, revert a run, restore a tombstone, resolve a dispute. Each action swaps
+only what it changed (htmx); the entry pages then show the result. Each scenario has its own
+seeded workspace (tests/browser/seed.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("playwright", reason="the playwright package is missing: pip install -e '.[dev]'")
+
+from playwright.sync_api import expect
+
+from tests.browser.conftest import needs_templates, shot, wait_live
+
+
+@pytest.fixture(autouse=True)
+def _pages_built() -> None:
+    needs_templates("review.html", "run.html", "runs.html", "entry.html", "entries.html")
+
+
+def _status_of_entry(page, slug: str, entry_id: int):
+    page.goto(f"/console/{slug}/entries/{entry_id}/")
+    return page.locator("p.badges .badge").first
+
+
+def _mark(page) -> None:
+    page.evaluate("window.__notReloaded = true")
+
+
+def _assert_not_reloaded(page) -> None:
+    assert page.evaluate("window.__notReloaded") is True, "the action reloaded the page"
+
+
+def test_archiving_a_hygiene_candidate_takes_its_row_out_of_the_queue(page, server):
+    page.goto("/console/hygiene/review/?tab=hygiene")
+    wait_live(page)
+    rows = page.locator("#hygiene-table tr.queue-row")
+    expect(rows.first).to_be_visible()
+    before = rows.count()
+    assert before >= 1
+    shot(page, "review-hygiene")
+    row = rows.first
+    entry_id = int(row.get_attribute("id").removeprefix("hygiene-row-"))
+    assert entry_id in server.seed["hygiene"]
+    _mark(page)
+
+    row.get_by_role("button", name="Archive", exact=True).click()
+
+    expect(page.locator(f"#hygiene-row-{entry_id}")).to_have_count(0)
+    expect(rows).to_have_count(before - 1)
+    expect(page.locator("#console-notice")).to_contain_text(f"Archived 1 entry (#{entry_id})")
+    expect(page.locator("#review-count-hygiene")).to_have_text(str(before - 1))
+    _assert_not_reloaded(page)
+    shot(page, "review-hygiene-archived")
+
+    expect(_status_of_entry(page, "hygiene", entry_id)).to_have_text("archived")
+    shot(page, "entry-archived")
+
+
+def test_reverting_a_run_from_its_page_brings_its_entries_back(page, server):
+    run_id = server.seed["revert_run"]["run_id"]
+    archived = server.seed["revert_entries"]
+    page.goto(f"/console/revert/runs/{run_id}/")
+    affected = page.locator("#affected-archived")
+    expect(affected.locator(".count")).to_have_text(str(len(archived)))
+    expect(affected.locator("li .badge", has_text="now archived")).to_have_count(len(archived))
+    shot(page, "run")
+    _mark(page)
+    page.once("dialog", lambda dialog: dialog.accept())  # "Revert everything run #N archived…?"
+
+    page.get_by_role("button", name="Revert this run").click()
+
+    expect(page.locator("#console-notice")).to_contain_text(
+        re.compile(rf"Run #{run_id} reverted:\s+{len(archived)} entries")
+    )
+    expect(affected.locator("li .badge", has_text="now active")).to_have_count(len(archived))
+    expect(page.get_by_role("button", name="Revert this run")).to_have_count(0)
+    _assert_not_reloaded(page)
+    shot(page, "run-reverted")
+
+    page.goto("/console/revert/entries/?status=archived")
+    expect(page.locator("#entry-list")).not_to_contain_text("Lunch menu")
+    for entry_id in archived:
+        expect(_status_of_entry(page, "revert", entry_id)).to_have_text("active")
+    shot(page, "entry-reverted")
+
+
+def test_restoring_a_tombstone_from_the_queue(page, server):
+    entry_id = server.seed["tombstoned"]
+    page.goto("/console/tombstone/review/?tab=tombstones")
+    wait_live(page)
+    row = page.locator(f"#tomb-row-{entry_id}")
+    expect(row).to_contain_text("manual")
+    expect(row.locator(".countdown")).to_contain_text("purged in")
+    shot(page, "review-tombstones")
+    _mark(page)
+
+    row.get_by_role("button", name="Restore", exact=True).click()
+
+    expect(row).to_have_count(0)
+    expect(page.locator("#console-notice")).to_contain_text(f"Restored 1 entry (#{entry_id})")
+    expect(page.locator("#review-count-tombstones")).to_have_text("0")
+    _assert_not_reloaded(page)
+    shot(page, "review-tombstones-restored")
+
+    expect(_status_of_entry(page, "tombstone", entry_id)).to_have_text("active")
+    shot(page, "entry-restored")
+
+
+def test_resolving_a_dispute_side_by_side(page, server):
+    dispute = server.seed["dispute"]
+    page.goto("/console/dispute/review/?tab=disputes")
+    wait_live(page)
+    article = page.locator(f"#dispute-{dispute['id']}")
+    expect(article.locator(".side")).to_have_count(2)
+    expect(article).to_contain_text("Always use tabs for indentation")
+    expect(article).to_contain_text("Never use tabs for indentation")
+    shot(page, "review-disputes")
+    _mark(page)
+
+    article.get_by_role("button", name="Keep A, archive B").click()
+
+    expect(article).to_have_count(0)
+    expect(page.locator("#console-notice")).to_contain_text(f"Dispute #{dispute['id']} resolved")
+    expect(page.locator("#review-count-disputes")).to_have_text("0")
+    _assert_not_reloaded(page)
+    shot(page, "review-disputes-resolved")
+
+    expect(_status_of_entry(page, "dispute", dispute["a"])).to_have_text("active")
+    expect(_status_of_entry(page, "dispute", dispute["b"])).to_have_text("archived")
+
+
+def test_every_console_page_renders(page, server):
+    """A screenshot of each page, and no page answers an error."""
+    run_id = server.seed["revert_run"]["run_id"]
+    entry_id = server.seed["revert_entries"][0]
+    pages = {
+        "page-dashboard": "/console/revert/",
+        "page-review-hygiene": "/console/revert/review/?tab=hygiene",
+        "page-review-automatic": "/console/revert/review/?tab=automatic",
+        "page-review-tombstones": "/console/revert/review/?tab=tombstones",
+        "page-review-disputes": "/console/revert/review/?tab=disputes",
+        "page-runs": "/console/revert/runs/",
+        "page-run": f"/console/revert/runs/{run_id}/",
+        "page-entries": "/console/revert/entries/",
+        "page-entry": f"/console/revert/entries/{entry_id}/",
+    }
+    for name, path in pages.items():
+        response = page.goto(path)
+        assert response is not None and response.status == 200, f"{path}: {response and response.status}"
+        expect(page.locator("main h1").first).to_be_visible()
+        shot(page, name)
