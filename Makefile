@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install browser run test test-sqlite test-postgres lint demo clean
+.PHONY: install browser run test test-sqlite test-postgres lint demo clean screenshots
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is needed: run make PYTHON=python3.11 ...")'
@@ -52,3 +52,9 @@ lint: install
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# The README shows the screenshots the browser tests wrote last (var/screenshots, git-ignored).
+SHOTS := page-dashboard page-review-hygiene review-disputes page-review-automatic page-run page-entry
+screenshots:
+	mkdir -p tests/screenshots
+	for s in $(SHOTS); do cp var/screenshots/$$s.png tests/screenshots/; done
