@@ -129,6 +129,21 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     }
     if _db["NAME"] != ":memory:":
         Path(_db["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+elif _db["ENGINE"] == "django.db.backends.postgresql" and env_bool("DB_POOL", True):
+    # A connection per request costs a backend start with cold caches (3-9 ms a request,
+    # bench/reports/api.md). Under ASGI each request runs in a new thread, so CONN_MAX_AGE > 0
+    # would leave one connection open per request; Django's psycopg pool hands it back at the
+    # end of the request instead. Keep DB_POOL_MAX × processes below max_connections.
+    _db["CONN_MAX_AGE"] = 0
+    _db["OPTIONS"] = {
+        "pool": {
+            "min_size": env_int("DB_POOL_MIN", 1),
+            "max_size": env_int("DB_POOL_MAX", 10),
+            "timeout": 10,
+        },
+        # JIT compilation adds 15-30 ms to a large query and pays off only for analytics.
+        "options": "-c jit=off",
+    }
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

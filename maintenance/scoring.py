@@ -29,6 +29,9 @@ SALIENCE_MAX = 2.0
 SALIENCE_STEP = 0.25  # one helpful / not_helpful feedback
 
 
+NEGLIGIBLE = 1e-12
+
+
 @dataclass(frozen=True)
 class DecayParams:
     lam: float = 0.02  # per day: time decay rate of the salience term
@@ -37,6 +40,14 @@ class DecayParams:
     salience_default: float = 1.0  # salience of an entry that has none
     cold_threshold: float = 0.20  # retention below this (strictly) is cold
     breadth_weight: float = 0.0  # weight of ln(readers) on the access term
+
+    def __post_init__(self) -> None:
+        # A rate or weight below NEGLIGIBLE is 0: its effect on a score is below any precision
+        # kept, and the SQL twin must never multiply two tiny non-zero floats (PostgreSQL
+        # refuses a product that underflows to 0 where Python returns 0.0).
+        for name in ("lam", "sigma", "mu", "breadth_weight"):
+            if 0 < abs(getattr(self, name)) < NEGLIGIBLE:
+                object.__setattr__(self, name, 0.0)
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,12 @@ def _check_source(who: Principal, source: str | None) -> None:
 
 
 def _page(qs: Any, limit: int, offset: int) -> dict[str, Any]:
-    return {"count": qs.count(), "limit": limit, "offset": offset, "items": list(qs[offset : offset + limit])}
+    return {
+        "count": selectors.bounded_count(qs),
+        "limit": limit,
+        "offset": offset,
+        "items": list(qs[offset : offset + limit]),
+    }
 
 
 # --- entries ----------------------------------------------------------------------------------

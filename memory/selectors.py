@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from django.core.cache import cache
 from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
 
 from maintenance import scoring
@@ -23,6 +25,23 @@ from memory.models import (
     Tombstone,
     Workspace,
 )
+
+# Lists count exactly up to this many rows; a larger total is counted once and cached for
+# COUNT_CACHE_SECONDS (counting 900,000 rows costs ~80 ms on every page otherwise).
+COUNT_EXACT_UP_TO = 10_000
+COUNT_CACHE_SECONDS = 30
+
+
+def bounded_count(queryset: QuerySet[Any]) -> int:
+    """The number of rows of ``queryset``: exact up to COUNT_EXACT_UP_TO (reading at most that
+    many), above it the exact count of at most COUNT_CACHE_SECONDS ago."""
+    n = queryset[: COUNT_EXACT_UP_TO + 1].count()
+    if n <= COUNT_EXACT_UP_TO:
+        return n
+    sql, params = queryset.query.sql_with_params()
+    key = "count:" + hashlib.sha256(repr((sql, params)).encode()).hexdigest()
+    counted = cache.get_or_set(key, queryset.count, COUNT_CACHE_SECONDS)
+    return int(counted) if counted is not None else queryset.count()
 
 
 def workspaces_for_user(user: Any) -> QuerySet[Workspace]:

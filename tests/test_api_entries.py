@@ -863,3 +863,22 @@ def test_expires_at_is_stored_in_utc(workspace, agent):
     assert entry.expires_at == datetime(2030, 1, 1, 10, 0, tzinfo=UTC)
     naive = agent.post("/entries", {"content": "Naive.", "expires_at": "2030-01-01T12:00:00"}).body
     assert Entry.objects.get(pk=naive["id"]).expires_at == datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def test_a_list_counts_exactly_up_to_the_bound_then_serves_a_cached_count(workspace, agent, monkeypatch):
+    from django.core.cache import cache
+
+    from memory import selectors
+
+    monkeypatch.setattr(selectors, "COUNT_EXACT_UP_TO", 3)
+    for n in range(3):
+        services.entry_create(workspace=workspace, content=f"counted memory {n}")
+    cache.clear()
+    assert agent.get("/entries").json()["count"] == 3  # exact at the bound
+    services.entry_create(workspace=workspace, content="counted memory 3")
+    assert agent.get("/entries").json()["count"] == 4  # above it: counted, then cached
+    services.entry_create(workspace=workspace, content="counted memory 4")
+    assert agent.get("/entries").json()["count"] == 4  # the cached total, for a while
+    assert agent.get("/entries?limit=1").json()["count"] == 4  # the page size is not the query
+    cache.clear()
+    assert agent.get("/entries").json()["count"] == 5

@@ -68,6 +68,17 @@ params_spec = st.builds(
 )
 
 
+@pytest.mark.parametrize("tiny", [5e-324, 1e-300, 1e-13])
+def test_tiny_rates_and_weights_never_underflow_in_sql(workspace, now, tiny):
+    """PostgreSQL refuses a float product that underflows to 0; a negligible rate or weight
+    counts as 0 on both sides, so any policy value in range scores without an error."""
+    params = DecayParams(lam=tiny, sigma=tiny, mu=tiny, breadth_weight=tiny)
+    assert (params.lam, params.sigma, params.mu, params.breadth_weight) == (0.0, 0.0, 0.0, 0.0)
+    _build(workspace, [_entry_spec(random.Random(n)) for n in range(30)], [], now)
+    latest = Entry.objects.filter(workspace=workspace, is_latest=True).count()
+    assert latest and refresh_scores(workspace, now=now, params=params) == latest
+
+
 def _build(workspace: Workspace, specs, links, now):
     rows = []
     for spec in specs:
