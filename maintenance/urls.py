@@ -3,7 +3,7 @@
 
 from django.urls import path
 
-from maintenance import views
+from maintenance import views, views_settings
 
 urlpatterns = [
     path("review/", views.review, name="review"),
@@ -14,4 +14,7 @@ urlpatterns = [
     path("runs/", views.runs, name="runs"),
     path("runs/<int:run_id>/", views.run, name="run"),
     path("runs/<int:run_id>/revert/", views.revert_run, name="revert_run"),
+    path("settings/", views_settings.settings_page, name="settings"),
+    path("settings/policy/", views_settings.settings_policy, name="settings_policy"),
+    path("settings/keys/", views_settings.settings_keys, name="settings_keys"),
 ]
