@@ -80,7 +80,8 @@ def clean_tags(value: Any) -> list[str]:
         return []
     seen: dict[str, None] = {}
     for item in items:
-        if isinstance(item, str) and item.strip():
+        # A tag with a NUL character cannot exist (PostgreSQL stores none): it protects nothing.
+        if isinstance(item, str) and item.strip() and "\x00" not in item:
             seen.setdefault(item.strip(), None)
     return list(seen)
 

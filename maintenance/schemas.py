@@ -13,18 +13,18 @@ from typing import Annotated, Any, Literal
 
 from django.utils import timezone
 from ninja import Field, Schema
-from pydantic import ConfigDict, StrictBool
+from pydantic import AfterValidator, ConfigDict, StrictBool
 
 from maintenance.models import RunKind, RunStatus, RunTrigger
 from maintenance.policy import LIMITS
 from memory.models import TombstoneReason
-from memory.schemas import ErrorOut  # one error shape, one schema name in the OpenAPI document
+from memory.schemas import ErrorOut, no_nul  # one error shape, one schema name in the OpenAPI document
 
 DB_ID_MAX = 2**63 - 1  # the largest id a BIGINT column holds (SQLite overflows beyond it)
 OFFSET_MAX = 1_000_000_000
 TAG_NAME_MAX = 100
 EXCLUDE_TAGS_MAX = 200
-TagName = Annotated[str, Field(max_length=TAG_NAME_MAX)]
+TagName = Annotated[str, Field(max_length=TAG_NAME_MAX), AfterValidator(no_nul)]  # PostgreSQL stores no NUL
 RESIDUE_PATTERNS_MAX = 50
 RESIDUE_PATTERN_MAX = 200
 

@@ -50,7 +50,7 @@ OMITTED: Any = None
 NOT_BLANK = r"\S"  # at least one non-space character (a search, in pydantic as in JSON Schema)
 
 
-def _no_nul(value: str) -> str:
+def no_nul(value: str) -> str:
     if "\x00" in value:
         raise ValueError("must not contain NUL characters")
     return value
@@ -82,9 +82,9 @@ def _json_object(value: dict[str, Any] | None) -> dict[str, Any] | None:
     return value
 
 
-Text = Annotated[str, AfterValidator(_no_nul)]
+Text = Annotated[str, AfterValidator(no_nul)]
 EntryId = Annotated[StrictInt, Field(ge=1, le=INT64_MAX)]
-TagName = Annotated[str, Field(max_length=TAG_MAX), AfterValidator(_no_nul)]
+TagName = Annotated[str, Field(max_length=TAG_MAX), AfterValidator(no_nul)]
 
 
 def _iso_text_only(value: object) -> object:

@@ -657,3 +657,16 @@ def test_an_admin_sets_the_hygiene_residue_patterns_and_bad_ones_change_nothing(
     assert stored.residue_patterns == ["sprint \\d+ notes", "<source-path>"]
     assert stored.backups_keep == 5  # no partial write
     assert call("PUT", "/policy", admin, {"residue_patterns": []}).json()["residue_patterns"] == []
+
+
+@pytest.mark.parametrize("path", ["/maintenance/prune", "/policy"])
+def test_a_nul_character_in_exclude_tags_is_refused_not_a_server_error(workspace, key, path):
+    # Found by the schema fuzz on PostgreSQL, which cannot store NUL in the run's parameters.
+    method = "PUT" if path == "/policy" else "POST"
+    body = {"exclude_tags": ["ok", "z\u0000z"]}
+    if path != "/policy":
+        body["dry_run"] = True
+    response = call(method, path, key("admin"), body)
+    assert response.status_code == 422, response.content
+    assert not MaintenanceRun.objects.exists()
+    assert MaintenancePolicy.objects.get(workspace=workspace).exclude_tags == []
