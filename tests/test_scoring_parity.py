@@ -250,3 +250,42 @@ def test_refresh_issues_the_same_number_of_queries_for_10_or_500_entries(db, now
     small = _queries_for_refresh(services.workspace_create(slug="small"), 10, now)
     large = _queries_for_refresh(services.workspace_create(slug="large"), 500, now)
     assert small == large
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {
+            "impact_score": 0.7,
+            "trust_score": 0.9,
+            "validation_status": "passed",
+            "significance_type": "security",
+        },
+        {"salience": 0.25, "validation_status": "failed", "trust_score": 0.0},
+        {"anchors": [{"path": "a.py", "status": "stale"}, {"path": "b.py", "status": "invalidated"}]},
+        {"anchors": [{"path": "a.py", "status": "stale"}], "salience": 2.0},
+    ],
+)
+@pytest.mark.parametrize("age_days", [0, 0.5, 45, 400])
+def test_a_new_entry_is_stored_with_the_scores_a_refresh_computes(workspace, now, fields, age_days):
+    """A create without links scores the entry in Python with the INSERT; the SQL twin,
+    run afterwards, must find nothing to change."""
+    from memory import services
+
+    with CaptureQueriesContext(connection) as ctx:
+        entry = services.entry_create(
+            workspace=workspace,
+            content="scored on write",
+            now=now,
+            created_at=now - timedelta(days=age_days),
+            **fields,
+        )
+    # scored in Python with the INSERT: no UPDATE of the scores
+    assert not [q for q in ctx.captured_queries if q["sql"].startswith("UPDATE") and "importance" in q["sql"]]
+    entry.refresh_from_db()
+    written = (entry.importance, entry.retention)
+    refresh_scores(workspace, now=now, ids=[entry.pk])
+    entry.refresh_from_db()
+    assert written == pytest.approx((entry.importance, entry.retention), abs=1e-9)
+    assert entry.scored_at == now
