@@ -29,14 +29,12 @@ The vocabulary part (``TextGen``) does not import Django, so load generators can
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
 import re
 import sys
 import time
-import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -199,16 +197,6 @@ def _zipf_pool(words: Sequence[str], size: int = 4000, s: float = 0.9) -> list[s
 
 def _weighted_pool(weights: dict[str, int]) -> list[str]:
     return [k for k, w in weights.items() for _ in range(w)]
-
-
-def _normalise(text: str) -> str:
-    # The same normalisation as memory.services.normalise_content (kept import-free here).
-    text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
-    return "\n".join(line.rstrip() for line in text.split("\n")).strip()
-
-
-def content_hash(text: str) -> str:
-    return hashlib.sha256(_normalise(text).encode("utf-8")).hexdigest()
 
 
 @dataclass
@@ -481,6 +469,8 @@ class RowGen:
             yield self._batch(start, min(start + size, self.n))
 
     def _batch(self, lo: int, hi: int) -> Batch:
+        from memory.services import content_hash  # Django is set up by now
+
         r, now, ws = self.rng, self.now, self.ws
         b = Batch()
         for k in range(lo, hi):

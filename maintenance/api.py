@@ -50,20 +50,30 @@ from maintenance.selectors import (
     tombstone_list,
     workspace_stats,
 )
-from memory.auth import ROLE_LEVEL, Principal, require
+from memory.auth import ROLE_LEVEL, require
 from memory.errors import InvalidInput
 
 router = Router(tags=["maintenance"])
 
 
-def _run_request(request: HttpRequest, dry_run: bool | None) -> tuple[Principal, bool]:
-    """Agents may preview (and their runs default to dry runs); applying needs an operator."""
+def _start(request: HttpRequest, payload: RunIn, kind: str, **params: Any) -> dict[str, Any]:
+    """Start a run for the caller. Agents may preview (and their runs default to dry runs);
+    applying needs an operator."""
     who = require(request, "agent")
+    dry_run = payload.dry_run
     if dry_run is None:
         dry_run = who.level < ROLE_LEVEL["operator"]
     if not dry_run:
         require(request, "operator")
-    return who, dry_run
+    return run_maintenance(
+        workspace=who.workspace,
+        kind=kind,
+        trigger=RunTrigger.API,
+        dry_run=dry_run,
+        force=payload.force,
+        actor=who.actor,
+        **params,
+    )
 
 
 @router.post("/maintenance/run", response={200: RunResultOut, **ERRORS})
@@ -71,48 +81,22 @@ def maintenance_run(request: HttpRequest, payload: FullRunIn | None = None) -> d
     """The full run of SPEC §4.1 on the caller's workspace, or one quality pass alone
     (``kind`` hygiene, contradictions or consolidate)."""
     payload = payload or FullRunIn.model_validate({})
-    who, dry_run = _run_request(request, payload.dry_run)
-    return run_maintenance(
-        workspace=who.workspace,
-        kind=payload.kind,
-        trigger=RunTrigger.API,
-        dry_run=dry_run,
-        force=payload.force,
-        actor=who.actor,
-    )
+    return _start(request, payload, payload.kind)
 
 
 @router.post("/maintenance/prune", response={200: PruneOut, **ERRORS})
 def maintenance_prune(request: HttpRequest, payload: PruneIn | None = None) -> dict[str, Any]:
     """Prune (SPEC §4.2) with the caller's parameters; omitted ones come from the policy."""
     payload = payload or PruneIn.model_validate({})
-    who, dry_run = _run_request(request, payload.dry_run)
-    result = run_maintenance(
-        workspace=who.workspace,
-        kind=RunKind.PRUNE,
-        trigger=RunTrigger.API,
-        dry_run=dry_run,
-        force=payload.force,
-        actor=who.actor,
-        params=payload.model_dump(include=set(PRUNE_PARAMS)),
-    )
-    return prune_result(result)
+    params = payload.model_dump(include=set(PRUNE_PARAMS))
+    return prune_result(_start(request, payload, RunKind.PRUNE, params=params))
 
 
 @router.post("/maintenance/sweep-decay", response={200: DecayOut, **ERRORS})
 def maintenance_sweep_decay(request: HttpRequest, payload: RunIn | None = None) -> dict[str, Any]:
     """The decay sweep (SPEC §4.2): score, decay, ttl, purge."""
     payload = payload or RunIn.model_validate({})
-    who, dry_run = _run_request(request, payload.dry_run)
-    result = run_maintenance(
-        workspace=who.workspace,
-        kind=RunKind.DECAY,
-        trigger=RunTrigger.API,
-        dry_run=dry_run,
-        force=payload.force,
-        actor=who.actor,
-    )
-    return decay_result(result)
+    return decay_result(_start(request, payload, RunKind.DECAY))
 
 
 @router.get("/maintenance/runs", response={200: RunPageOut, **ERRORS})

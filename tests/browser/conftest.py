@@ -209,10 +209,3 @@ def shot(page: Any, name: str) -> Path:
 def wait_live(page: Any) -> None:
     """Until the page's live websocket is open (htmx's ws extension fired htmx:wsOpen)."""
     page.wait_for_function("window.__liveOpen === true", timeout=10_000)
-
-
-def needs_templates(*names: str) -> None:
-    """Skip while a console page is not built yet (the pages are written in parallel)."""
-    missing = [n for n in names if not (ROOT / "templates" / "console" / n).exists()]
-    if missing:
-        pytest.skip(f"page template(s) not there yet: {', '.join(missing)}")

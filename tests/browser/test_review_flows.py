@@ -13,12 +13,7 @@ pytest.importorskip("playwright", reason="the playwright package is missing: pip
 
 from playwright.sync_api import expect
 
-from tests.browser.conftest import needs_templates, shot, wait_live
-
-
-@pytest.fixture(autouse=True)
-def _pages_built() -> None:
-    needs_templates("review.html", "run.html", "runs.html", "entry.html", "entries.html")
+from tests.browser.conftest import shot, wait_live
 
 
 def _status_of_entry(page, slug: str, entry_id: int):
