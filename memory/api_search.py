@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.http import HttpRequest
-from ninja import Query, Router, Schema
+from ninja import Field, Query, Router, Schema
 
 from memory.api import ERRORS
 from memory.auth import require
@@ -26,7 +26,15 @@ class SearchHitOut(Schema):
 
 
 class SearchOut(Schema):
-    count: int  # all matches; items are the best `limit` of them
+    count: int = Field(description="all matches; items are the best `limit` of them")
+    count_exact: bool = Field(
+        description="false when `count` is PostgreSQL's estimate (a broad query, see `ranked`)"
+    )
+    ranked: int = Field(
+        description="matches that were ranked: `count` when every match was; for a broad query "
+        "(more matches than about sqrt(200 x the workspace's entries), at least 2,000) only "
+        "its 200 most important matches are ranked"
+    )
     items: list[SearchHitOut]
 
 
@@ -39,7 +47,13 @@ def search_entries(
 ) -> dict[str, object]:
     """Latest active and stale entries matching ``q`` (archived ones with include_archived),
     best first: text rank, then importance. Web-search syntax: words, "a phrase", -exclude,
-    or. An empty ``q`` or one over 500 characters is 422; stop words alone find nothing."""
+    or. An empty ``q`` or one over 500 characters is 422; stop words alone find nothing.
+    A broad query ranks only its most important matches (``ranked``)."""
     who = require(request, "viewer")
     result = search(who.workspace, q, limit=limit, include_archived=include_archived)
-    return {"count": result.count, "items": result.hits}
+    return {
+        "count": result.count,
+        "count_exact": result.count_exact,
+        "ranked": result.ranked,
+        "items": result.hits,
+    }

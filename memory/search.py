@@ -18,10 +18,24 @@ Results are the latest versions with status active or stale (plus archived when 
 never staged or tombstoned, of one workspace; ranked by text rank (title weighs more than
 content), then importance, then newest id. Snippets are plain text from the content with the
 matched words between ``«`` and ``»``; clients escape them like any other text.
+
+Ranking costs time in proportion to the matches (each needs its table row, ~5 us on
+PostgreSQL), so a broad query is bounded: when a query matches more than ``broad_threshold(N)``
+of the workspace's N visible entries (sqrt(RANK_CAP x N / WALK_RATIO), at least BROAD_MIN:
+3,900 of 920,000), only its RANK_CAP most important matches are ranked, found by walking the
+workspace's entries by importance (on PostgreSQL an index-only scan of
+``memory_entry_search_walk``, ~0.4 us per entry, migration 0005) until RANK_CAP of them match.
+A narrower query ranks every match exactly. The threshold balances the two: either way a
+query costs about as much as ranking 3,900 matches (bench/reports/api.md measures it). The
+result says which: ``ranked`` is the number of matches that were ranked. PostgreSQL decides
+from the planner's estimate of the matches (from the tsvector statistics) and then reports
+that estimate as ``count`` (``count_exact`` false); SQLite counts its matches exactly.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,7 +47,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
 from memory.errors import InvalidInput
-from memory.models import Status, Workspace
+from memory.models import Entry, Status, Workspace
 
 Q_MAX = 500  # characters
 LIMIT_MAX = 100
@@ -42,6 +56,9 @@ MARK_END = "»"
 SNIPPET_WORDS = 24  # words around the first match, on both backends
 TITLE_WEIGHT = 10.0  # SQLite bm25 column weights; PostgreSQL weighs title A (1.0), content B (0.4)
 CONTENT_WEIGHT = 5.0
+RANK_CAP = 200  # a broad query ranks this many of its most important matches
+BROAD_MIN = 2_000  # a query with at most this many matches is always ranked exactly
+WALK_RATIO = 12  # ranking a match costs ~12 times walking past an entry (PostgreSQL, measured)
 
 # PostgreSQL's english stop word list (tsearch_data/english.stop), applied on SQLite too so
 # that a query of only such words finds nothing on both backends instead of everything on one.
@@ -81,6 +98,17 @@ class SearchHit:
 class SearchResult:
     count: int  # all matches, of which ``hits`` are the best ``limit``
     hits: list[SearchHit]
+    count_exact: bool = True  # False: ``count`` is PostgreSQL's estimate (a broad query)
+    ranked: int | None = None  # matches that were ranked (``count`` when all were)
+
+    def __post_init__(self) -> None:
+        if self.ranked is None:
+            object.__setattr__(self, "ranked", self.count)
+
+
+def broad_threshold(visible: int) -> int:
+    """More matches than this make a query broad (see the module docstring)."""
+    return max(BROAD_MIN, math.isqrt(RANK_CAP * max(visible, 0) // WALK_RATIO))
 
 
 @dataclass(frozen=True)
@@ -161,10 +189,12 @@ def search(
     limit: int = 20,
     include_archived: bool = False,
 ) -> SearchResult:
-    """The best ``limit`` latest entries of ``workspace`` matching ``q``, with the total count.
+    """The best ``limit`` latest entries of ``workspace`` matching ``q``, with the total count
+    (an estimate for a broad query on PostgreSQL, see the module docstring).
 
-    One SQL statement. An empty or too long ``q`` or an out-of-range ``limit`` is
-    InvalidInput; a ``q`` of only stop words or punctuation finds nothing.
+    Two SQL statements (up to four for a broad query on PostgreSQL). An empty or too long
+    ``q`` or an out-of-range ``limit`` is InvalidInput; a ``q`` of only stop words or
+    punctuation finds nothing.
     """
     if not isinstance(q, str) or not q.strip():
         raise InvalidInput("q: must not be empty")
@@ -180,9 +210,9 @@ def search(
     if include_archived:
         statuses.append(Status.ARCHIVED.value)
     if connection.vendor == "postgresql":
-        rows = _search_postgresql(workspace.pk, parsed, statuses, limit)
+        found = _search_postgresql(workspace.pk, parsed, statuses, limit)
     elif connection.vendor == "sqlite":
-        rows = _search_sqlite(workspace.pk, parsed, statuses, limit)
+        found = _search_sqlite(workspace.pk, parsed, statuses, limit)
     else:  # pragma: no cover - only the two supported databases have an index
         raise NotImplementedError(f"search is not available on {connection.vendor}")
 
@@ -197,27 +227,33 @@ def search(
             entry_type=row[6],
             created_at=_datetime(row[7]),
         )
-        for row in rows
+        for row in found.rows
     ]
-    return SearchResult(count=rows[0][8] if rows else 0, hits=hits)
+    return SearchResult(count=found.count, hits=hits, count_exact=found.count_exact, ranked=found.ranked)
+
+
+@dataclass(frozen=True)
+class _Found:
+    rows: list[Any]  # id, title, snippet, rank, importance, status, entry_type, created_at
+    count: int
+    ranked: int
+    count_exact: bool = True
+
+
+def _visible(workspace_id: int, statuses: list[str]) -> int:
+    """The workspace's latest entries a search may return (exact up to 10,000, then cached)."""
+    from memory.selectors import bounded_count  # selectors imports models that import this
+
+    return bounded_count(
+        Entry.objects.filter(workspace_id=workspace_id, is_latest=True, status__in=statuses).order_by()
+    )
 
 
 # ts_headline reads HTML tags as markup and leaves them out of the snippet; a zero-width space
 # after every "<" stops that (SQLite's snippet keeps them) and is taken out again afterwards.
+# The headline is computed for the returned rows only, not for every match.
 _ZWSP = "\u200b"
-_POSTGRESQL_SQL = """
-WITH ranked AS (
-    SELECT e.id, ts_rank_cd(e.search_vector, query) AS score, e.importance,
-           count(*) OVER () AS total
-    FROM memory_entry e, websearch_to_tsquery('english', %(q)s) AS query
-    WHERE e.search_vector @@ query
-      AND querytree(query) <> 'T'
-      AND e.workspace_id = %(workspace)s
-      AND e.is_latest
-      AND e.status = ANY(%(statuses)s)
-    ORDER BY score DESC, e.importance DESC, e.id DESC
-    LIMIT %(limit)s
-)
+_POSTGRESQL_HEADLINE = """
 SELECT e.id, e.title,
        replace(
            ts_headline('english', replace(e.content, '<', '<' || %(zwsp)s),
@@ -229,10 +265,55 @@ ORDER BY r.score DESC, r.importance DESC, r.id DESC
 """
 # querytree() is 'T' for a query that only excludes: a guard should PostgreSQL's parser drop
 # a word this module kept, since such a query would match everything without the excluded word.
-# The headline is computed for the returned rows only, not for every match.
+_POSTGRESQL_MATCHES = """
+    FROM memory_entry e, websearch_to_tsquery('english', %(q)s) AS query
+    WHERE e.search_vector @@ query
+      AND querytree(query) <> 'T'
+      AND e.workspace_id = %(workspace)s
+      AND e.is_latest
+      AND e.status = ANY(%(statuses)s)
+"""
+_POSTGRESQL_SQL = (
+    """
+WITH ranked AS (
+    SELECT e.id, ts_rank_cd(e.search_vector, query) AS score, e.importance,
+           count(*) OVER () AS total"""
+    + _POSTGRESQL_MATCHES
+    + """
+    ORDER BY score DESC, e.importance DESC, e.id DESC
+    LIMIT %(limit)s
+)"""
+    + _POSTGRESQL_HEADLINE
+)
+# A broad query: walk the workspace's entries by importance (at most %(walk)s of them, a
+# bound in case the estimate was too high), keep the first %(cap)s matches, rank those.
+_POSTGRESQL_BROAD_SQL = (
+    """
+WITH walked AS (
+    SELECT e.id, e.search_vector, e.importance
+    FROM memory_entry e
+    WHERE e.workspace_id = %(workspace)s AND e.is_latest AND e.status = ANY(%(statuses)s)
+    ORDER BY e.importance DESC, e.id DESC
+    LIMIT %(walk)s
+),
+candidates AS MATERIALIZED (
+    SELECT w.id, w.importance, ts_rank_cd(w.search_vector, query) AS score
+    FROM walked w, websearch_to_tsquery('english', %(q)s) AS query
+    WHERE w.search_vector @@ query AND querytree(query) <> 'T'
+    ORDER BY w.importance DESC, w.id DESC
+    LIMIT %(cap)s
+),
+ranked AS (
+    SELECT c.id, c.score, c.importance, (SELECT count(*) FROM candidates) AS total
+    FROM candidates c
+    ORDER BY c.score DESC, c.importance DESC, c.id DESC
+    LIMIT %(limit)s
+)"""
+    + _POSTGRESQL_HEADLINE
+)
 
 
-def _search_postgresql(workspace_id: int, parsed: ParsedQuery, statuses: list[str], limit: int) -> list[Any]:
+def _search_postgresql(workspace_id: int, parsed: ParsedQuery, statuses: list[str], limit: int) -> _Found:
     params: dict[str, Any] = {
         "q": parsed.websearch(),
         "workspace": workspace_id,
@@ -245,8 +326,26 @@ def _search_postgresql(workspace_id: int, parsed: ParsedQuery, statuses: list[st
         ),
     }
     with connection.cursor() as cursor:
+        # The values are bound client-side, so the planner sees the query's words and
+        # estimates its matches from the tsvector statistics.
+        cursor.execute("EXPLAIN (FORMAT JSON) SELECT 1" + _POSTGRESQL_MATCHES, params)
+        plan = cursor.fetchone()[0]
+        plan = json.loads(plan) if isinstance(plan, str) else plan
+        estimate = int(plan[0]["Plan"]["Plan Rows"])
+        if estimate > BROAD_MIN:
+            visible = _visible(workspace_id, statuses)
+            if estimate > broad_threshold(visible):
+                walk = min(visible, math.ceil(4 * RANK_CAP * visible / estimate))
+                cursor.execute(_POSTGRESQL_BROAD_SQL, {**params, "cap": RANK_CAP, "walk": walk})
+                rows = cursor.fetchall()
+                if rows and rows[0][8] >= RANK_CAP:
+                    count = max(estimate, RANK_CAP)
+                    return _Found(rows=rows, count=count, ranked=RANK_CAP, count_exact=False)
+                # Fewer matches than the estimate said: rank them all after all.
         cursor.execute(_POSTGRESQL_SQL, params)
-        return cursor.fetchall()
+        rows = cursor.fetchall()
+    total = rows[0][8] if rows else 0
+    return _Found(rows=rows, count=total, ranked=total)
 
 
 # bm25() is lower for better matches, hence the minus: "rank" is higher-is-better everywhere.
@@ -254,7 +353,8 @@ def _search_postgresql(workspace_id: int, parsed: ParsedQuery, statuses: list[st
 # function, so the matches are ranked first and the snippet is made in a second MATCH limited
 # to the returned rowids: for the returned rows only, not for every match. CROSS JOIN fixes
 # SQLite's join order: left to right, the index first (the planner otherwise may walk the
-# workspace's entries and run the full-text query once per entry).
+# workspace's entries and run the full-text query once per entry). A broad query (more
+# matches than the threshold) ranks only its most important RANK_CAP matches (LIMIT -1: all).
 _SQLITE_SQL = """
 WITH matches AS MATERIALIZED (
     SELECT e.id, -bm25(memory_entry_fts, %s, %s) AS score, e.importance
@@ -264,15 +364,22 @@ WITH matches AS MATERIALIZED (
       AND e.is_latest
       AND e.status IN ({statuses})
 ),
+total AS MATERIALIZED (SELECT count(*) AS n FROM matches),
+candidates AS MATERIALIZED (
+    SELECT id, score, importance FROM matches
+    ORDER BY importance DESC, id DESC
+    LIMIT CASE WHEN (SELECT n FROM total) > %s THEN %s ELSE -1 END
+),
 ranked AS MATERIALIZED (
-    SELECT id, score, importance, (SELECT count(*) FROM matches) AS total
-    FROM matches
+    SELECT id, score, importance, (SELECT n FROM total) AS total,
+           (SELECT count(*) FROM candidates) AS ranked
+    FROM candidates
     ORDER BY score DESC, importance DESC, id DESC
     LIMIT %s
 )
 SELECT e.id, e.title,
        snippet(memory_entry_fts, 1, %s, %s, '', %s),
-       r.score, e.importance, e.status, e.entry_type, e.created_at, r.total
+       r.score, e.importance, e.status, e.entry_type, e.created_at, r.total, r.ranked
 FROM ranked r
 CROSS JOIN memory_entry_fts ON memory_entry_fts.rowid = r.id
 CROSS JOIN memory_entry e ON e.id = r.id
@@ -281,7 +388,7 @@ ORDER BY r.score DESC, r.importance DESC, r.id DESC
 """
 
 
-def _search_sqlite(workspace_id: int, parsed: ParsedQuery, statuses: list[str], limit: int) -> list[Any]:
+def _search_sqlite(workspace_id: int, parsed: ParsedQuery, statuses: list[str], limit: int) -> _Found:
     sql = _SQLITE_SQL.format(statuses=", ".join(["%s"] * len(statuses)))
     match = parsed.fts5()
     params: list[Any] = [
@@ -290,6 +397,8 @@ def _search_sqlite(workspace_id: int, parsed: ParsedQuery, statuses: list[str], 
         match,
         workspace_id,
         *statuses,
+        broad_threshold(_visible(workspace_id, statuses)),
+        RANK_CAP,
         limit,
         MARK_START,
         MARK_END,
@@ -298,7 +407,10 @@ def _search_sqlite(workspace_id: int, parsed: ParsedQuery, statuses: list[str], 
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchall()
+        rows = cursor.fetchall()
+    if not rows:
+        return _Found(rows=[], count=0, ranked=0)
+    return _Found(rows=rows, count=rows[0][8], ranked=rows[0][9])
 
 
 def _datetime(value: Any) -> datetime:

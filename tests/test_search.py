@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memory import search as search_module
 from memory import services
 from memory.errors import InvalidInput
 from memory.journal import SAMPLE_PATH, import_journal
@@ -135,6 +137,80 @@ def test_limit_caps_the_hits_and_count_tells_all_matches(workspace):
 
     assert result.count == 5
     assert len(result.hits) == 2
+
+
+def _bulk(workspace: Workspace, texts: list[tuple[str, float]]) -> list[Entry]:
+    """Entries with the given content and importance, then fresh planner statistics."""
+    made = [_entry(workspace, text) for text, _ in texts]
+    for entry, (_, importance) in zip(made, texts, strict=True):
+        Entry.objects.filter(pk=entry.pk).update(importance=importance)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE memory_entry")
+    return made
+
+
+@pytest.fixture
+def small_bounds(monkeypatch):
+    """A broad query from 10 matches on, ranking its 4 most important ones."""
+    monkeypatch.setattr(search_module, "BROAD_MIN", 10)
+    monkeypatch.setattr(search_module, "RANK_CAP", 4)
+
+
+def test_a_broad_query_ranks_only_its_most_important_matches(workspace, small_bounds):
+    # 30 matches: above max(BROAD_MIN, isqrt(4 x 30)) = 10. The best text match is among the
+    # least important; the four most important matches are the ones ranked.
+    texts = [(f"Retry note {n} about the queue", 0.1 + n / 100) for n in range(29)]
+    weak_but_best = ("Retry retry retry: the retry queue retry", 0.01)
+    made = _bulk(workspace, [*texts, weak_but_best])
+    most_important = {e.pk for e in made[25:29]}
+
+    result = search(workspace, "retry", limit=10)
+
+    assert result.ranked == 4
+    assert {h.id for h in result.hits} == most_important
+    assert made[-1].pk not in {h.id for h in result.hits}
+    if connection.vendor == "postgresql":  # the planner's estimate, flagged as one
+        assert result.count_exact is False
+        assert 10 < result.count <= 60
+    else:  # SQLite counts its matches
+        assert (result.count, result.count_exact) == (30, True)
+
+
+def test_a_narrow_query_ranks_every_match(workspace, small_bounds):
+    made = _bulk(workspace, [(f"Retry note {n} about the queue", 0.5) for n in range(8)])
+    best = _entry(workspace, "Retry retry retry: the retry queue retry")
+
+    result = search(workspace, "retry", limit=3)
+
+    assert (result.count, result.count_exact, result.ranked) == (9, True, 9)
+    assert result.hits[0].id == best.pk
+    assert len(made) == 8
+
+
+def test_a_broad_estimate_that_finds_too_few_matches_ranks_them_all(workspace, small_bounds):
+    # Each word alone matches half the entries, both together only two: PostgreSQL estimates
+    # the AND from the words' frequencies (about 30), walks for candidates, finds fewer than
+    # RANK_CAP and falls back to the exact ranking.
+    texts = [(f"alpha note {n}", 0.5) for n in range(60)] + [(f"beta note {n}", 0.5) for n in range(60)]
+    _bulk(workspace, [*texts, ("alpha beta one", 0.2), ("alpha beta two", 0.3)])
+
+    with CaptureQueriesContext(connection) as queries:
+        result = search(workspace, "alpha beta")
+
+    assert (result.count, result.count_exact, result.ranked) == (2, True, 2)
+    if connection.vendor == "postgresql":
+        assert any("walked" in q["sql"] for q in queries.captured_queries)
+
+
+def test_the_endpoint_says_when_the_count_is_an_estimate(workspace, small_bounds):
+    _bulk(workspace, [(f"Retry note {n} about the queue", 0.1 + n / 100) for n in range(30)])
+
+    body = _client(workspace).get("/api/v1/search", {"q": "retry", "limit": 2}).json()
+
+    assert body["ranked"] == 4
+    assert len(body["items"]) == 2
+    assert body["count_exact"] is (connection.vendor != "postgresql")
 
 
 # --- what is visible ------------------------------------------------------------------------
@@ -398,7 +474,7 @@ def test_another_workspaces_key_does_not_see_the_entries(workspace, other_worksp
     response = _client(other_workspace).get("/api/v1/search", {"q": "runbook"})
 
     assert response.status_code == 200
-    assert response.json() == {"count": 0, "items": []}
+    assert response.json() == {"count": 0, "count_exact": True, "ranked": 0, "items": []}
 
 
 def test_an_unauthenticated_request_is_401(workspace):
