@@ -92,12 +92,14 @@ def _check_source(who: Principal, source: str | None) -> None:
 
 
 def _page(qs: Any, limit: int, offset: int) -> dict[str, Any]:
-    return {
-        "count": selectors.bounded_count(qs),
-        "limit": limit,
-        "offset": offset,
-        "items": list(qs[offset : offset + limit]),
-    }
+    items = list(qs[offset : offset + limit])
+    if len(items) < limit and (items or offset == 0):
+        count = offset + len(items)  # the last page: exact without counting
+    else:
+        count = selectors.bounded_count(qs)
+    if qs.model is Entry:
+        selectors.with_tag_names(items)
+    return {"count": count, "limit": limit, "offset": offset, "items": items}
 
 
 # --- entries ----------------------------------------------------------------------------------

@@ -256,7 +256,11 @@ def entry_page_list(
     if q:
         entries = entries.filter(Q(title__icontains=q) | Q(content__icontains=q))
     # The list shows an excerpt: never load 50,000-character contents for a page of 50.
-    return entries.defer("content", "metadata").annotate(excerpt=Substr("content", 1, 160))
+    return (
+        entries.defer("content", "metadata")
+        .annotate(excerpt=Substr("content", 1, 160))
+        .prefetch_related("tags")
+    )
 
 
 def paginate(queryset: QuerySet[Any], page: Any, per_page: int) -> Page[Any]:

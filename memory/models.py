@@ -382,6 +382,13 @@ class Entry(models.Model):
     def is_managed(self) -> bool:
         return self.source in MANAGED_SOURCES
 
+    @property
+    def tag_names(self) -> list[str]:
+        """Tag names by name: those ``memory.selectors.with_tag_names`` attached to a page at
+        once, else the prefetched tags, else a query."""
+        attached = self.__dict__.get("_tag_names")
+        return attached if attached is not None else [tag.name for tag in self.tags.all()]
+
 
 class EntryAccess(models.Model):
     """Per-actor access counter of a lineage; the number of rows is the entry's readers."""

@@ -12,9 +12,16 @@ import json
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from django.db.models import Manager
 from ninja import Field, Schema
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, StrictBool, StrictFloat, StrictInt
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+)
 
 from memory.models import (
     CONTENT_MAX,
@@ -235,7 +242,13 @@ class ErrorOut(Schema):
     detail: Any
 
 
-class EntryOut(Schema):
+class EntryOut(BaseModel):
+    """An entry as every endpoint returns it. A plain pydantic model reading the instance's
+    attributes (no django-ninja resolvers): serialising a page of 20 costs 0.1 ms instead of
+    0.9 ms through ninja's per-attribute getter (bench/reports/api.md)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
     id: int
     title: str
     content: str
@@ -260,30 +273,20 @@ class EntryOut(Schema):
     feedback_at: datetime | None
     pinned: bool
     expires_at: datetime | None
-    tags: list[str]
+    tags: list[str] = Field(validation_alias="tag_names")
     status: str
     status_changed_at: datetime
     archived_at: datetime | None
     staged_class: str | None
     ttl_expires_at: datetime | None
     lineage_id: int | None
-    supersedes: int | None
+    supersedes: int | None = Field(validation_alias="supersedes_id")
     is_latest: bool
     importance: float
     retention: float
     scored_at: datetime | None
     created_at: datetime
     updated_at: datetime
-
-    @staticmethod
-    def resolve_tags(obj: Any) -> list[str]:
-        # Reads the prefetched tags when the caller prefetched them (lists always do).
-        tags = obj.tags
-        return [t.name for t in (tags.all() if isinstance(tags, Manager) else tags)]
-
-    @staticmethod
-    def resolve_supersedes(obj: Any) -> int | None:
-        return obj.supersedes_id
 
 
 class AnchorOut(Schema):
@@ -353,10 +356,6 @@ class EntryCreateOut(EntryOut):
         description="Open disputes flagged by the immediate check of a constitutional entry or an "
         "operator's rule; empty otherwise",
     )
-
-    @staticmethod
-    def resolve_disputes(obj: Any) -> list[Any]:
-        return list(getattr(obj, "disputes", None) or [])
 
 
 class EntryUpdateOut(Schema):

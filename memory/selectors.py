@@ -34,14 +34,19 @@ COUNT_CACHE_SECONDS = 30
 
 def bounded_count(queryset: QuerySet[Any]) -> int:
     """The number of rows of ``queryset``: exact up to COUNT_EXACT_UP_TO (reading at most that
-    many), above it the exact count of at most COUNT_CACHE_SECONDS ago."""
+    many), above it the exact count of at most COUNT_CACHE_SECONDS ago. A count that was large
+    is served from the cache until it expires, without reading any row."""
+    sql, params = queryset.query.sql_with_params()
+    key = "count:" + hashlib.sha256(repr((sql, params)).encode()).hexdigest()
+    cached = cache.get(key)
+    if cached is not None:
+        return int(cached)
     n = queryset[: COUNT_EXACT_UP_TO + 1].count()
     if n <= COUNT_EXACT_UP_TO:
         return n
-    sql, params = queryset.query.sql_with_params()
-    key = "count:" + hashlib.sha256(repr((sql, params)).encode()).hexdigest()
-    counted = cache.get_or_set(key, queryset.count, COUNT_CACHE_SECONDS)
-    return int(counted) if counted is not None else queryset.count()
+    n = queryset.count()
+    cache.set(key, n, COUNT_CACHE_SECONDS)
+    return n
 
 
 def workspaces_for_user(user: Any) -> QuerySet[Workspace]:
@@ -112,8 +117,9 @@ def entry_list(
     include_staged: bool = False,
     sort: str = "importance",
 ) -> QuerySet[Entry]:
-    """Latest visible entries of the workspace, filtered and sorted, with their tags prefetched
-    (so a page costs the same number of queries whatever its size). Asking for
+    """Latest visible entries of the workspace, filtered and sorted. A page of them gets its
+    tags with ``with_tag_names`` (or ``prefetch_related("tags")``): one query whatever its
+    size. Asking for
     ``status=archived`` or ``status=staged`` implies including them."""
     qs = Entry.objects.of(workspace).visible(
         include_archived=include_archived or status == Status.ARCHIVED,
@@ -133,7 +139,23 @@ def entry_list(
             entry_id=OuterRef("pk"), tag__workspace=workspace, tag__name=tag
         )
         qs = qs.filter(Exists(tagged))
-    return qs.order_by(*ENTRY_SORTS[sort]).prefetch_related("tags")
+    return qs.order_by(*ENTRY_SORTS[sort])
+
+
+def with_tag_names(entries: list[Entry]) -> list[Entry]:
+    """Give each entry its ``tag_names`` in one query (what Django's prefetch does, at a third
+    of its CPU: no Tag instances); returns ``entries``."""
+    names: dict[int, list[str]] = {e.pk: [] for e in entries}
+    rows = (
+        Entry.tags.through.objects.filter(entry_id__in=list(names))
+        .order_by("tag__name")
+        .values_list("entry_id", "tag__name")
+    )
+    for entry_id, name in rows if names else ():
+        names[entry_id].append(name)
+    for e in entries:
+        e.__dict__["_tag_names"] = names[e.pk]
+    return entries
 
 
 @dataclass(frozen=True)
@@ -231,12 +253,9 @@ def entry_detail(workspace: Workspace, entry_id: int, *, now: datetime) -> Entry
 
 
 def entry_versions(workspace: Workspace, entry: Entry) -> QuerySet[Entry]:
-    """Every version of the entry's lineage, oldest first, tags prefetched."""
-    return (
-        Entry.objects.filter(workspace=workspace, lineage_id=_lineage(entry))
-        .order_by("created_at", "pk")
-        .prefetch_related("tags")
-    )
+    """Every version of the entry's lineage, oldest first (a page gets its tags with
+    ``with_tag_names``)."""
+    return Entry.objects.filter(workspace=workspace, lineage_id=_lineage(entry)).order_by("created_at", "pk")
 
 
 def entry_history(workspace: Workspace, entry: Entry) -> QuerySet[LifecycleEvent]:

@@ -16,11 +16,13 @@ between two of them; it prints the result object as JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -149,20 +151,32 @@ def _seed(slug: str, entries: int, now: datetime, seed: int) -> dict[str, Any]:
     return {"workspace": slug, "created": counts.created, "invalid": counts.invalid}
 
 
-def _run(slug: str, now: datetime, batch_size: int, force: bool, kind: str, dry_run: bool) -> dict[str, Any]:
+def _run(
+    slug: str, now: datetime, batch_size: int, force: bool, kind: str, dry_run: bool, statement_delay: float
+) -> dict[str, Any]:
+    from django.db import connection
+
     from maintenance.runs import run_maintenance
     from memory.models import Workspace
 
+    def slowly(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        # Stretches the run so a test can kill it between two batches whatever the machine's
+        # speed (a fast run would otherwise finish before the kill lands).
+        result = execute(sql, params, many, context)
+        time.sleep(statement_delay)
+        return result
+
     workspace = Workspace.objects.get(slug=slug)
-    return run_maintenance(
-        workspace=workspace,
-        kind=kind,
-        trigger="cli",
-        force=force,
-        dry_run=dry_run,
-        now=now,
-        batch_size=batch_size,
-    )
+    with connection.execute_wrapper(slowly) if statement_delay else contextlib.nullcontext():
+        return run_maintenance(
+            workspace=workspace,
+            kind=kind,
+            trigger="cli",
+            force=force,
+            dry_run=dry_run,
+            now=now,
+            batch_size=batch_size,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -180,13 +194,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     run.add_argument("--kind", default="full")
     run.add_argument("--force", action="store_true")
     run.add_argument("--dry-run", action="store_true")
+    run.add_argument("--statement-delay", type=float, default=0.0, help="seconds after each SQL statement")
     args = parser.parse_args(argv)
 
     _setup_django()
     if args.command == "seed":
         result = _seed(args.workspace, args.entries, args.now, args.seed)
     else:
-        result = _run(args.workspace, args.now, args.batch_size, args.force, args.kind, args.dry_run)
+        options = (args.batch_size, args.force, args.kind, args.dry_run, args.statement_delay)
+        result = _run(args.workspace, args.now, *options)
     print(json.dumps(result, default=str), flush=True)
 
 

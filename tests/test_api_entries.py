@@ -874,11 +874,15 @@ def test_a_list_counts_exactly_up_to_the_bound_then_serves_a_cached_count(worksp
     for n in range(3):
         services.entry_create(workspace=workspace, content=f"counted memory {n}")
     cache.clear()
-    assert agent.get("/entries").json()["count"] == 3  # exact at the bound
+    assert agent.get("/entries?limit=2").json()["count"] == 3  # exact at the bound
     services.entry_create(workspace=workspace, content="counted memory 3")
-    assert agent.get("/entries").json()["count"] == 4  # above it: counted, then cached
+    assert agent.get("/entries?limit=2").json()["count"] == 4  # above it: counted, then cached
     services.entry_create(workspace=workspace, content="counted memory 4")
-    assert agent.get("/entries").json()["count"] == 4  # the cached total, for a while
+    assert agent.get("/entries?limit=2").json()["count"] == 4  # the cached total, for a while
     assert agent.get("/entries?limit=1").json()["count"] == 4  # the page size is not the query
+    # A page that is not full is the last one: its count is exact without counting.
+    assert agent.get("/entries?limit=50").json()["count"] == 5
+    assert agent.get("/entries?limit=2&offset=4").json()["count"] == 5
+    assert agent.get("/entries?limit=2&offset=2").json()["count"] == 4  # full page: the cache
     cache.clear()
     assert agent.get("/entries").json()["count"] == 5

@@ -280,7 +280,8 @@ def _kill_mid_run(slug: str, env: dict[str, str], reached: Callable[[int], bool]
     """Start a run, wait until ``reached(run_id)`` is true of what it committed, wait a little
     more, SIGKILL it. Returns the killed run's id."""
     before = {r.pk for r in _runs(slug)}
-    with _reaped(start_helper(_run_args(slug), env)) as proc:
+    # 5 ms after each statement: the run cannot finish within the random wait below.
+    with _reaped(start_helper([*_run_args(slug), "--statement-delay", "0.005"], env)) as proc:
         run_id = _wait_for(
             lambda: next((r.pk for r in _runs(slug) if r.pk not in before), None),
             timeout=60,
