@@ -32,8 +32,8 @@ class SearchOut(Schema):
     )
     ranked: int = Field(
         description="matches that were ranked: `count` when every match was; for a broad query "
-        "(more matches than sqrt(200 x the workspace's visible entries / 12), at least 2,000) only "
-        "its 200 most important matches are ranked"
+        "(more matches than sqrt(50 x the workspace's visible entries), at least 2,000) only "
+        "its 100 most important matches are ranked"
     )
     items: list[SearchHitOut]
 

@@ -337,9 +337,13 @@ class Entry(models.Model):
         ]
         indexes = [
             # Lists and the dashboard: latest visible entries of a workspace by importance.
+            # Every latest entry but tombstones, by importance then id: lists (any filter of
+            # statuses) and the walk of a broad search read it in order, without sorting.
             models.Index(
-                fields=["workspace", "-importance"],
-                condition=Q(is_latest=True, status__in=[Status.ACTIVE, Status.STALE, Status.STAGED]),
+                fields=["workspace", "-importance", "-id"],
+                condition=Q(
+                    is_latest=True, status__in=[Status.ACTIVE, Status.STALE, Status.STAGED, Status.ARCHIVED]
+                ),
                 name="entry_live_by_importance",
             ),
             models.Index(

@@ -22,14 +22,17 @@ matched words between ``«`` and ``»``; clients escape them like any other text
 Ranking costs time in proportion to the matches (each needs its table row, ~5 us on
 PostgreSQL), so a broad query is bounded: when a query matches more than ``broad_threshold(N)``
 of the workspace's N visible entries (sqrt(RANK_CAP x N / WALK_RATIO), at least BROAD_MIN:
-3,900 of 920,000), only its RANK_CAP most important matches are ranked, found by walking the
-workspace's entries by importance (on PostgreSQL an index-only scan of
-``memory_entry_search_walk``, ~0.4 us per entry, migration 0005) until RANK_CAP of them match.
-A narrower query ranks every match exactly. The threshold balances the two: either way a
-query costs about as much as ranking 3,900 matches (bench/reports/api.md measures it). The
-result says which: ``ranked`` is the number of matches that were ranked. PostgreSQL decides
-from the planner's estimate of the matches (from the tsvector statistics) and then reports
-that estimate as ``count`` (``count_exact`` false); SQLite counts its matches exactly.
+6,800 of 920,000), only its RANK_CAP most important matches are ranked, found by walking the
+workspace's entries in importance order (an index scan, ~2.6 us per entry; broad matches are
+dense) until RANK_CAP of them match. A narrower query ranks every match exactly. The threshold
+balances the two: either way a query costs about as much as ranking 6,800 matches
+(bench/reports/api.md measures it). The result says which: ``ranked`` is the number of matches
+that were ranked. PostgreSQL decides from the planner's estimate of the matches (from the
+tsvector statistics) and then reports that estimate as ``count`` (``count_exact`` false);
+SQLite counts its matches exactly.
+
+(A covering index that would make the walk index-only cannot carry the tsvector: a long
+entry's tsvector exceeds a btree row's 2,704 bytes.)
 """
 
 from __future__ import annotations
@@ -56,9 +59,9 @@ MARK_END = "»"
 SNIPPET_WORDS = 24  # words around the first match, on both backends
 TITLE_WEIGHT = 10.0  # SQLite bm25 column weights; PostgreSQL weighs title A (1.0), content B (0.4)
 CONTENT_WEIGHT = 5.0
-RANK_CAP = 200  # a broad query ranks this many of its most important matches
+RANK_CAP = 100  # a broad query ranks this many of its most important matches
 BROAD_MIN = 2_000  # a query with at most this many matches is always ranked exactly
-WALK_RATIO = 12  # ranking a match costs ~12 times walking past an entry (PostgreSQL, measured)
+WALK_RATIO = 2  # ranking a match costs about twice walking past an entry (PostgreSQL, measured)
 
 # PostgreSQL's english stop word list (tsearch_data/english.stop), applied on SQLite too so
 # that a query of only such words finds nothing on both backends instead of everything on one.
@@ -273,14 +276,19 @@ _POSTGRESQL_MATCHES = """
       AND e.is_latest
       AND e.status = ANY(%(statuses)s)
 """
+# The ranks are computed first (a materialized CTE), so the window that counts the matches
+# holds narrow rows, not every match's tsvector (which spilled to temp files).
 _POSTGRESQL_SQL = (
     """
-WITH ranked AS (
-    SELECT e.id, ts_rank_cd(e.search_vector, query) AS score, e.importance,
-           count(*) OVER () AS total"""
+WITH matches AS MATERIALIZED (
+    SELECT e.id, ts_rank_cd(e.search_vector, query) AS score, e.importance"""
     + _POSTGRESQL_MATCHES
     + """
-    ORDER BY score DESC, e.importance DESC, e.id DESC
+),
+ranked AS (
+    SELECT id, score, importance, count(*) OVER () AS total
+    FROM matches
+    ORDER BY score DESC, importance DESC, id DESC
     LIMIT %(limit)s
 )"""
     + _POSTGRESQL_HEADLINE

@@ -501,8 +501,12 @@ def entry_create(
         entry.save()
         entry.lineage_id = entry.pk
         entry.save(update_fields=["lineage_id"])
-        if tag_names:
-            entry.tags.set(tags_for_names(workspace, tag_names))
+        tag_rows = tags_for_names(workspace, tag_names)
+        if tag_rows:  # a new entry has no tags yet: insert the links without tags.set()'s diff
+            Entry.tags.through.objects.bulk_create(
+                [Entry.tags.through(entry_id=entry.pk, tag_id=tag.pk) for tag in tag_rows]
+            )
+        entry.__dict__["_tag_names"] = [tag.name for tag in tag_rows]  # in the database's order
         if anchor_list:
             CodeAnchor.objects.bulk_create([a.row(entry) for a in anchor_list])
         for link in link_list:
@@ -511,7 +515,8 @@ def entry_create(
         if link_list:
             _rescore(workspace, [entry.pk, *targets.values_ids()], now)
         disputes = _check_contradictions(entry, now)
-    entry.refresh_from_db()
+    if link_list:  # the rest of the row is what this function wrote
+        entry.refresh_from_db(fields=["importance", "retention", "scored_at"])
     entry.disputes = disputes  # type: ignore[attr-defined]  # named by the API response
     return entry
 
