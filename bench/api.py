@@ -1,7 +1,7 @@
 """Benchmark the agent API under a production-style ASGI server on PostgreSQL holding N entries.
 
     .venv/bin/python bench/api.py [--database-url postgres://postgres@127.0.0.1:5432/bench_api]
-        [--entries 1000000] [--duration 20] [--requests 5000] [--concurrency 8] [--workers 2]
+        [--entries 1000000] [--duration 20] [--requests 5000] [--concurrency 2,8] [--workers 2]
         [--out bench/reports/api.md] [--regenerate] [--server-env KEY=VALUE ...] [--no-diagnose]
 
 1. ``manage.py migrate`` on the database, then ``bench/datagen.py`` makes sure workspace
@@ -415,150 +415,6 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
 
 
 APP = ["config.asgi:application"]
-# The pooled variant: the same application with Django's psycopg connection pool switched on
-# (DATABASES OPTIONS "pool", Django >= 5.1; needs the psycopg-pool package, see --pool-lib).
-POOLED_APP = ["api:pooled_application", "--factory", "--app-dir", "bench"]
-
-
-def pooled_application() -> Any:
-    """ASGI factory for the pooled variant: config.settings plus OPTIONS["pool"]."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    from django.conf import settings
-
-    options = settings.DATABASES["default"].setdefault("OPTIONS", {})
-    options["pool"] = {
-        "min_size": int(os.environ.get("BENCH_POOL_MIN", "2")),
-        "max_size": int(os.environ.get("BENCH_POOL_MAX", "8")),
-        "timeout": 10,
-    }
-    from config.asgi import application
-
-    return application
-
-
-# The patched variant: the pooled application plus the changes proposed in the report, applied
-# by monkeypatching in the server process only (nothing in the project is changed): a cached
-# list count, a bounded search for broad queries, and JIT off for the connections.
-PATCHED_APP = ["api:patched_application", "--factory", "--app-dir", "bench"]
-COUNT_TTL_SECONDS = 30
-SEARCH_BROAD_CAP = 200
-_SEARCH_WHERE = """
-    e.search_vector @@ websearch_to_tsquery('english', %(q)s)
-    AND querytree(websearch_to_tsquery('english', %(q)s)) <> 'T'
-    AND e.workspace_id = %(workspace)s AND e.is_latest AND e.status = ANY(%(statuses)s)
-"""
-# A broad query (more estimated matches than sqrt(cap x workspace size)) ranks only the `cap`
-# most important matches, found by walking the importance index (cheap when matches are dense);
-# its count is the planner's estimate. A narrower query keeps the exact ranking of every match
-# (cheap when matches are few). Either way a query reads about sqrt(cap x N) rows at most.
-BROAD_SEARCH_SQL = (
-    """
-WITH candidates AS MATERIALIZED (
-    SELECT e.id, e.search_vector, e.importance FROM memory_entry e WHERE """
-    + _SEARCH_WHERE
-    + """
-    ORDER BY e.importance DESC, e.id DESC
-    LIMIT %(cap)s
-),
-ranked AS (
-    SELECT c.id, ts_rank_cd(c.search_vector, websearch_to_tsquery('english', %(q)s)) AS score, c.importance
-    FROM candidates c
-    ORDER BY score DESC, c.importance DESC, c.id DESC
-    LIMIT %(limit)s
-)
-SELECT e.id, e.title,
-       replace(
-           ts_headline('english', replace(e.content, '<', '<' || %(zwsp)s),
-                       websearch_to_tsquery('english', %(q)s), %(headline)s),
-           %(zwsp)s, ''),
-       r.score, e.importance, e.status, e.entry_type, e.created_at, %(estimate)s
-FROM ranked r JOIN memory_entry e ON e.id = r.id
-ORDER BY r.score DESC, r.importance DESC, r.id DESC
-"""
-)
-
-
-def search_params(workspace_id: int, q_websearch: str, statuses: list[str], limit: int) -> dict[str, Any]:
-    from memory import search as search_mod
-
-    return {
-        "q": q_websearch,
-        "workspace": workspace_id,
-        "statuses": statuses,
-        "limit": limit,
-        "zwsp": search_mod._ZWSP,
-        "headline": (
-            f'StartSel="{search_mod.MARK_START}", StopSel="{search_mod.MARK_END}", '
-            f"MaxWords={search_mod.SNIPPET_WORDS}, MinWords={search_mod.SNIPPET_WORDS // 3}"
-        ),
-    }
-
-
-def hybrid_search(
-    cursor: Any, params: dict[str, Any], workspace_rows: int, cap: int = SEARCH_BROAD_CAP
-) -> tuple[str, list[Any]]:
-    """The proposed search: the exact ranking for a narrow query, the `cap` most important
-    matches for a broad one (by the planner's row estimate, from the tsvector statistics)."""
-    import math
-
-    from memory import search as search_mod
-
-    cursor.execute("EXPLAIN (FORMAT JSON) SELECT 1 FROM memory_entry e WHERE " + _SEARCH_WHERE, params)
-    plan = cursor.fetchone()[0]
-    plan = json.loads(plan) if isinstance(plan, str) else plan
-    estimate = int(plan[0]["Plan"]["Plan Rows"])
-    if estimate <= math.sqrt(cap * max(1, workspace_rows)):
-        cursor.execute(search_mod._POSTGRESQL_SQL, params)
-        return "narrow", cursor.fetchall()
-    cursor.execute(BROAD_SEARCH_SQL, {**params, "cap": cap, "estimate": estimate})
-    return "broad", cursor.fetchall()
-
-
-def patched_application() -> Any:
-    """ASGI factory: pooled_application plus the proposed changes (see the report)."""
-    import hashlib
-
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    from django.conf import settings
-
-    settings.DATABASES["default"].setdefault("OPTIONS", {})["options"] = "-c jit=off"
-    application = pooled_application()
-
-    from django.core.cache import cache
-    from django.db import connection
-
-    import memory.api
-    import memory.search
-
-    def _page(qs: Any, limit: int, offset: int) -> dict[str, Any]:
-        items = list(qs[offset : offset + limit])
-        if len(items) < limit and (items or offset == 0):
-            count = offset + len(items)  # the last page: exact without counting
-        else:
-            key = "listcount:" + hashlib.sha1(str(qs.query).encode()).hexdigest()
-            count = cache.get(key)
-            if count is None:
-                count = qs.count()
-                cache.set(key, count, COUNT_TTL_SECONDS)
-        return {"count": count, "limit": limit, "offset": offset, "items": items}
-
-    sizes: dict[int, tuple[float, int]] = {}
-
-    def _search_postgresql(workspace_id: int, parsed: Any, statuses: list[str], limit: int) -> list[Any]:
-        params = search_params(workspace_id, parsed.websearch(), statuses, limit)
-        with connection.cursor() as cursor:
-            at, rows = sizes.get(workspace_id, (-1e9, 0))
-            if time.monotonic() - at > COUNT_TTL_SECONDS:  # the workspace size, cached like list counts
-                cursor.execute(
-                    "SELECT count(*) FROM memory_entry WHERE workspace_id = %s AND is_latest", [workspace_id]
-                )
-                rows = cursor.fetchone()[0]
-                sizes[workspace_id] = (time.monotonic(), rows)
-            return hybrid_search(cursor, params, rows)[1]
-
-    memory.api._page = _page
-    memory.search._search_postgresql = _search_postgresql
-    return application
 
 
 def serve_and_drive(
@@ -568,7 +424,6 @@ def serve_and_drive(
     ids: list[int],
     queries: list[str],
     tmp: Path,
-    app: list[str] = APP,
 ) -> dict[str, Any]:
     """Start the server, drive every scenario from a second process, stop the server."""
     port = free_port()
@@ -576,7 +431,7 @@ def serve_and_drive(
         sys.executable,
         "-m",
         "uvicorn",
-        *app,
+        *APP,
         "--host",
         "127.0.0.1",
         "--port",
@@ -724,25 +579,6 @@ def run(args: argparse.Namespace) -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-api-"))
     passes = [("", args.server_env, serve_and_drive(args, env, raw_key, ids, queries, tmp))]
-    if args.compare_pool:
-        penv = server_env(args, args.server_env)
-        penv["PYTHONPATH"] = os.pathsep.join(x for x in (args.pool_lib, penv.get("PYTHONPATH", "")) if x)
-        penv["BENCH_POOL_MAX"] = str(max(4, *args.concurrency_levels))
-        label = f"connection pool (OPTIONS pool, max_size {penv['BENCH_POOL_MAX']} per worker)"
-        passes.append(
-            (label, [*args.server_env], serve_and_drive(args, penv, raw_key, ids, queries, tmp, POOLED_APP))
-        )
-    if args.compare_patched:
-        penv = server_env(args, args.server_env)
-        penv["PYTHONPATH"] = os.pathsep.join(x for x in (args.pool_lib, penv.get("PYTHONPATH", "")) if x)
-        penv["BENCH_POOL_MAX"] = str(max(4, *args.concurrency_levels))
-        label = (
-            f"the proposed changes (connection pool, list count cached {COUNT_TTL_SECONDS} s, broad searches "
-            f"rank the {SEARCH_BROAD_CAP} most important matches, jit off)"
-        )
-        passes.append(
-            (label, [*args.server_env], serve_and_drive(args, penv, raw_key, ids, queries, tmp, PATCHED_APP))
-        )
     if args.compare_env:
         cenv = server_env(args, [*args.server_env, *args.compare_env])
         passes.append(
@@ -837,7 +673,7 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
         if name == "health":
             return client.get(f"{API}/health", secure=True)
         if name == "list":
-            return client.get(f"{API}/entries", {"sort": "importance", "limit": 20}, secure=True)
+            return client.get(f"{API}/entries", {"sort": "importance", "limit": "20"}, secure=True)
         if name == "get":
             return client.get(f"{API}/entries/{ids[i % len(ids)]}", secure=True)
         if name == "search":
@@ -920,8 +756,7 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
             for k in ("connect", "auth", "serialize", "rescore"):
                 stages.setdefault(k, []).append(stage_ms.get(k, 0.0))
             totals.append(total)
-            qs = ctx.captured_queries
-            nq.append(len(qs))
+            nq.append(len(ctx.captured_queries))
             sqls.append(sum(ms for _, ms in sql_each))
             for sql, ms in sql_each:
                 slow.setdefault(_shape(sql), []).append(ms)
@@ -1005,27 +840,16 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
             out["search_match_counts"] = [cnt for cnt, _ in by_count]
     out["plans"] = plans
 
-    # The search SQL alone, one query at a time: as shipped, without JIT, and the proposed hybrid.
-    n_rows = ws.entries.filter(is_latest=True).count()
-    sql_times: dict[str, list[float]] = {}
-    with connection.cursor() as c:
-        sample = [q for q in queries[:200] if search_mod.parse_query(q).groups]
-        for jit in ("on", "off"):
-            c.execute(f"SET jit = {jit}")
-            for q in sample:
-                params = search_params(ws.pk, search_mod.parse_query(q).websearch(), ["active", "stale"], 20)
-                t = time.perf_counter()
-                c.execute(search_mod._POSTGRESQL_SQL, params)
-                c.fetchall()
-                sql_times.setdefault(f"as shipped, jit {jit}", []).append(1000 * (time.perf_counter() - t))
-                if jit == "off":
-                    t = time.perf_counter()
-                    kind, _rows = hybrid_search(c, params, n_rows)
-                    ms = 1000 * (time.perf_counter() - t)
-                    sql_times.setdefault(f"proposed hybrid (cap {SEARCH_BROAD_CAP}), jit off", []).append(ms)
-                    if kind == "broad":
-                        sql_times.setdefault("proposed hybrid: its broad queries only", []).append(ms)
-        c.execute("RESET jit")
+    # The shipped search() alone, one query at a time, split by whether the query was broad.
+    broad = f"broad (the {search_mod.RANK_CAP} most important ranked)"
+    sql_times: dict[str, list[float]] = {"all queries": [], "exact ranking": [], broad: []}
+    for q in [q for q in queries[:200] if search_mod.parse_query(q).groups]:
+        t = time.perf_counter()
+        result = search_mod.search(ws, q, limit=20)
+        ms = 1000 * (time.perf_counter() - t)
+        sql_times["all queries"].append(ms)
+        is_broad = (result.ranked or 0) < result.count or not result.count_exact
+        sql_times[broad if is_broad else "exact ranking"].append(ms)
     out["search_sql"] = {k: sorted(v) for k, v in sql_times.items() if v}
     connection.close()
     return out
@@ -1121,10 +945,13 @@ def search_buckets(results: list[dict[str, Any]]) -> list[str]:
     srch = next((r for r in results if r["name"] == "search"), None)
     if not srch or not srch["counts"]:
         return []
+    from memory.search import RANK_CAP
+
     L = [
         "",
-        "Search latency by how many entries matched the query (every match is ranked, then the best "
-        "20 returned):",
+        "Search latency by how many entries matched the query (by the response's count: exact, or "
+        "PostgreSQL's estimate for a broad query, which ranks only its "
+        f"{RANK_CAP} most important matches):",
         "",
         "| matches | requests | p50 ms | p95 ms |",
         "| --- | ---: | ---: | ---: |",
@@ -1137,8 +964,9 @@ def search_buckets(results: list[dict[str, Any]]) -> list[str]:
             L.append(f"| {label} | {len(xs):,} | {1000 * _pct(xs, 0.5):.1f} | {1000 * _pct(xs, 0.95):.1f} |")
     cnts = sorted(cnt for _, cnt in srch["counts"])
     L.append(
-        f"\nMatch counts of the sent queries: median {_pct(cnts, 0.5):,}, p95 {_pct(cnts, 0.95):,}, "
-        f"max {cnts[-1]:,} (1–3 words from the generator's vocabulary, Zipf-weighted, or an error name)."
+        "\nMatch counts of the sent queries (as the responses report them): "
+        f"median {_pct(cnts, 0.5):,}, p95 {_pct(cnts, 0.95):,}, max {cnts[-1]:,} "
+        "(1–3 words from the generator's vocabulary, Zipf-weighted, or an error name)."
     )
     return L
 
@@ -1183,9 +1011,6 @@ def render(**kw: Any) -> str:
         ]
         + [x for e in args.server_env for x in ("--server-env", e)]
         + [x for e in args.compare_env for x in ("--compare-env", e)]
-        + (["--compare-pool"] if args.compare_pool else [])
-        + (["--compare-patched"] if args.compare_patched else [])
-        + (["--pool-lib", args.pool_lib] if args.pool_lib else [])
         + (
             ["--wait-quiet", f"{args.wait_quiet:g}", "--quiet-load", f"{args.quiet_load:g}"]
             if args.wait_quiet
@@ -1293,11 +1118,6 @@ def render(**kw: Any) -> str:
         "",
         "```sh",
         "createdb -h 127.0.0.1 -U postgres bench_api   # once",
-        *(
-            [f".venv/bin/python -m pip install --target {args.pool_lib} psycopg-pool   # once, not in .venv"]
-            if args.pool_lib
-            else []
-        ),
         repro,
         "```",
         "",
@@ -1364,8 +1184,9 @@ def render_diagnosis(d: dict[str, Any]) -> list[str]:
     if d.get("search_sql"):
         L += [
             "",
-            "The search SQL alone, one query at a time (the first 200 queries of the benchmark's mix, "
-            "in ms; 'broad' are the queries the hybrid answered from the importance index):",
+            "`memory.search.search()` alone, one query at a time (the first 200 queries of the "
+            "benchmark's mix, limit 20, in ms; 'broad' are the queries that ranked only their most "
+            "important matches, found by walking the importance index):",
             "",
             "| variant | queries | p50 | p90 | p95 | p99 | max |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -1397,8 +1218,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=5000, help="requests per scenario (default 5000)")
     parser.add_argument(
         "--concurrency",
-        default="8",
-        help="keep-alive connections of the load generator; a comma-separated list runs each (default 8)",
+        default="2,8",
+        help="keep-alive connections of the load generator; a comma-separated list runs each (default 2,8)",
     )
     parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes (default 2)")
     parser.add_argument("--warmup-seconds", type=float, default=2.0)
@@ -1428,22 +1249,6 @@ def main() -> int:
     )
     parser.add_argument(
         "--quiet-load", type=float, default=1.0, help="threshold of --wait-quiet (default 1.0)"
-    )
-    parser.add_argument(
-        "--compare-pool",
-        action="store_true",
-        help="run every scenario a second time with Django's psycopg connection pool (OPTIONS pool)",
-    )
-    parser.add_argument(
-        "--compare-patched",
-        action="store_true",
-        help="run every scenario again with the report's proposed changes monkeypatched into the server",
-    )
-    parser.add_argument(
-        "--pool-lib",
-        default="",
-        help="a directory holding psycopg_pool, added to the pooled server's PYTHONPATH "
-        "(pip install --target DIR psycopg-pool) when the venv has none",
     )
     parser.add_argument("--only", help="comma-separated scenarios to run (health,list,get,search,create)")
     parser.add_argument("--no-diagnose", action="store_true", help="skip the in-process diagnostics")
