@@ -483,3 +483,23 @@ def test_an_unauthenticated_request_is_401(workspace):
     response = Client().get("/api/v1/search", {"q": "runbook"})
 
     assert response.status_code == 401
+
+
+def test_an_entry_of_the_largest_content_of_distinct_words_is_written_and_found(workspace):
+    # Its tsvector is far larger than a btree index row may be (2,704 bytes on PostgreSQL):
+    # no index on memory_entry may carry it.
+    from memory.models import CONTENT_MAX
+
+    words, text = [], ""
+    n = 0
+    while True:
+        word = f"w{n:06d}x"
+        if len(text) + len(word) + 1 > CONTENT_MAX:
+            break
+        text += word + " "
+        words.append(word)
+        n += 1
+    entry = _entry(workspace, text.strip(), title="Glossary")
+
+    assert _ids(workspace, words[-1]) == [entry.pk]
+    assert _ids(workspace, "glossary") == [entry.pk]
