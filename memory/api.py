@@ -91,12 +91,12 @@ def _check_source(who: Principal, source: str | None) -> None:
         raise Forbidden(f"source {source!r} needs the operator role; your role is {who.role}")
 
 
-def _page(qs: Any, limit: int, offset: int) -> dict[str, Any]:
+def _page(qs: Any, limit: int, offset: int, count_key: str | None = None) -> dict[str, Any]:
     items = list(qs[offset : offset + limit])
     if len(items) < limit and (items or offset == 0):
         count = offset + len(items)  # the last page: exact without counting
     else:
-        count = selectors.bounded_count(qs)
+        count = selectors.bounded_count(qs, count_key)
     if qs.model is Entry:
         selectors.with_tag_names(items)
     return {"count": count, "limit": limit, "offset": offset, "items": items}
@@ -122,7 +122,9 @@ def list_entries(request: HttpRequest, filters: Query[EntryListQuery]) -> dict[s
     """Latest visible entries: active and stale, plus archived and staged when asked for."""
     who = require(request, "viewer")
     params = filters.model_dump(exclude={"limit", "offset"})
-    return _page(selectors.entry_list(who.workspace, **params), filters.limit, filters.offset)
+    rows = {k: v for k, v in params.items() if k != "sort"}  # what is counted
+    count_key = f"entries:{who.workspace.pk}:{sorted(rows.items())!r}"
+    return _page(selectors.entry_list(who.workspace, **params), filters.limit, filters.offset, count_key)
 
 
 @router.get("/entries/{entry_id}", response={200: EntryDetailOut, **ERRORS})

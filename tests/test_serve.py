@@ -2,6 +2,7 @@
 against its own migrated SQLite file, answering pages, API, static files and websockets."""
 
 import asyncio
+import concurrent.futures
 import http.cookiejar
 import os
 import re
@@ -128,7 +129,10 @@ def _handshake(server, path: str, cookie: str | None = None) -> str:
         except websockets.exceptions.InvalidStatus as refused:
             return f"refused {refused.response.status_code}"
 
-    return asyncio.run(run())
+    # In a thread of its own: Playwright's sync API (the browser tests, when this worker ran
+    # them first) leaves an event loop running in the main thread, and asyncio.run refuses it.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, run()).result()
 
 
 def test_members_get_a_live_websocket_and_strangers_are_refused(server):
