@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -151,11 +151,26 @@ def clean_tag_names(tags: Iterable[Any] | None) -> list[str]:
 
 
 def tags_for_names(workspace: Workspace, names: Sequence[str]) -> list[Tag]:
-    """The workspace's Tag rows for ``names``, creating missing ones (two queries)."""
+    """The workspace's Tag rows for ``names`` (by name), creating missing ones: one query when
+    all exist, three when some are new."""
     if not names:
         return []
+    found = list(Tag.objects.filter(workspace=workspace, name__in=names))
+    if len(found) == len(set(names)):
+        return found
     Tag.objects.bulk_create([Tag(workspace=workspace, name=n) for n in names], ignore_conflicts=True)
     return list(Tag.objects.filter(workspace=workspace, name__in=names))
+
+
+def _reserve_entry_id() -> int | None:
+    """On PostgreSQL the next id of memory_entry, so a new lineage's first row is written with
+    ``lineage_id`` = its id in its INSERT: an UPDATE after it would write the row and its
+    fourteen index entries twice. None on SQLite, which has no sequence to draw from."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id'))", [Entry._meta.db_table])
+        return int(cursor.fetchone()[0])
 
 
 def record_event(
@@ -498,9 +513,11 @@ def entry_create(
             **scores,
             **values,
         )
-        entry.save()
-        entry.lineage_id = entry.pk
-        entry.save(update_fields=["lineage_id"])
+        entry.pk = entry.lineage_id = _reserve_entry_id()
+        entry.save(force_insert=entry.pk is not None)
+        if entry.lineage_id is None:  # SQLite: the id is known once the row exists
+            entry.lineage_id = entry.pk
+            Entry.objects.filter(pk=entry.pk).update(lineage_id=entry.pk)
         tag_rows = tags_for_names(workspace, tag_names)
         if tag_rows:  # a new entry has no tags yet: insert the links without tags.set()'s diff
             Entry.tags.through.objects.bulk_create(
