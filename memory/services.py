@@ -23,7 +23,7 @@ from django.utils import timezone
 from maintenance import scoring
 from maintenance.models import MaintenancePolicy
 from maintenance.scoring import step_salience
-from maintenance.scoring_db import refresh_scores
+from maintenance.scoring_db import rescore
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import (
     CONTENT_MAX,
@@ -225,9 +225,7 @@ def _set_status(
 
 
 def _rescore(workspace: Workspace, ids: Iterable[int], now: datetime) -> None:
-    refresh_scores(
-        workspace, now=now, ids=ids, params=MaintenancePolicy.for_workspace(workspace).decay_params
-    )
+    rescore(workspace, ids, now=now, params=MaintenancePolicy.for_workspace(workspace).decay_params)
 
 
 def neighbour_ids(entry_ids: Iterable[int]) -> set[int]:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from maintenance.scoring import DecayParams, importance, retention
-from maintenance.scoring_db import refresh_scores
+from maintenance.scoring_db import FEW_IDS, refresh_scores, rescore
 from memory import services
 from memory.models import CAUSAL_TYPES, CodeAnchor, Entry, EntryAccess, Relationship, Workspace
 
@@ -289,3 +289,46 @@ def test_a_new_entry_is_stored_with_the_scores_a_refresh_computes(workspace, now
     entry.refresh_from_db()
     assert written == pytest.approx((entry.importance, entry.retention), abs=1e-9)
     assert entry.scored_at == now
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_few_ids_are_rescored_in_python_to_the_values_sql_stores(workspace, now, seed):
+    # What a write rescores (itself and its neighbours) goes through Python below FEW_IDS ids;
+    # it must store what the SQL refresh stores, and leave the other rows alone.
+    rnd = random.Random(seed)
+    specs = [_entry_spec(rnd) for _ in range(120)]
+    links = [_link_spec(rnd) for _ in range(160)]
+    _build(workspace, specs, links, now)
+    params = DecayParams(lam=0.02, sigma=0.3, mu=0.05, breadth_weight=0.4, salience_default=0.8)
+    Entry.objects.filter(workspace=workspace).update(importance=-1.0, retention=-1.0)
+    every = list(Entry.objects.filter(workspace=workspace).values_list("pk", "is_latest"))
+    chosen = rnd.sample([pk for pk, _ in every], FEW_IDS)  # old versions among them are skipped
+
+    scored = rescore(workspace, chosen, now=now, params=params)
+
+    expected = _python_scores(workspace, now, params)
+    latest = {pk for pk, is_latest in every if is_latest}
+    assert scored == len(set(chosen) & latest) > 0
+    stored = dict(
+        (pk, (imp, ret))
+        for pk, imp, ret in Entry.objects.filter(workspace=workspace).values_list(
+            "pk", "importance", "retention"
+        )
+    )
+    for pk in chosen:
+        if pk in latest:
+            assert abs(stored[pk][0] - expected[pk][0]) <= 1e-9, (pk, stored[pk][0], expected[pk][0])
+            assert abs(stored[pk][1] - expected[pk][1]) <= 1e-9, (pk, stored[pk][1], expected[pk][1])
+        else:
+            assert stored[pk] == (-1.0, -1.0)
+    assert all(v == (-1.0, -1.0) for pk, v in stored.items() if pk not in chosen)
+
+
+def test_more_ids_than_few_go_through_the_sql_refresh(workspace, now):
+    made = [services.entry_create(workspace=workspace, content=f"note {n}") for n in range(FEW_IDS + 1)]
+
+    with CaptureQueriesContext(connection) as queries:
+        scored = rescore(workspace, [e.pk for e in made], now=now, params=DecayParams())
+
+    assert scored == FEW_IDS + 1
+    assert any("EXP(" in q["sql"].upper() or "LN(" in q["sql"].upper() for q in queries.captured_queries)
