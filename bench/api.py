@@ -7,9 +7,11 @@
 1. ``manage.py migrate`` on the database, then ``bench/datagen.py`` makes sure workspace
    ``bench-<N>`` holds N generated entries (reused when it already does; entries added by an
    earlier run's POSTs are removed first), and an agent API key is created.
-2. The server runs as a separate process group, the production way:
-   ``python -m uvicorn config.asgi:application --workers W --loop uvloop --http httptools
-   --no-access-log`` with ``DJANGO_DEBUG=0``, ``SECRET_KEY``, ``ALLOWED_HOSTS`` and
+2. The server runs as W separate processes (``--workers W``, default 2), each
+   ``python -m uvicorn config.asgi:application --port P --loop uvloop --http httptools
+   --no-access-log`` on a port of its own, the load spread over them round-robin as a load
+   balancer would (uvicorn's own ``--workers`` races for each accepted connection and left
+   keep-alive connections 6/2 on two workers), with ``DJANGO_DEBUG=0``, ``SECRET_KEY``, ``ALLOWED_HOSTS`` and
    ``API_RATE_LIMIT_PER_MINUTE=0`` (the per-key limit would otherwise answer 429 after 600
    requests a minute). Requests carry ``X-Forwarded-Proto: https`` as from a TLS-terminating
    proxy, so the production ``SECURE_SSL_REDIRECT`` stays on.
@@ -200,15 +202,15 @@ def _pct(sorted_values: list[float], p: float) -> float:
 
 
 async def _run_scenario(plan: dict[str, Any], sc: dict[str, Any]) -> dict[str, Any]:
-    host, port = plan["host"], plan["port"]
-    hostname = f"{host}:{port}"
+    host, ports = plan["host"], plan["ports"]
+    hostname = f"{host}:{ports[0]}"
     key = plan["key"] if sc.get("auth", True) else None
     if sc["method"] == "POST":
         requests_ = [_raw_request("POST", sc["path"], hostname, key, b.encode()) for b in sc["bodies"]]
     else:
         requests_ = [_raw_request("GET", p, hostname, key) for p in sc["paths"]]
     conc = plan["concurrency"]
-    conns = [Conn(host, port) for _ in range(conc)]
+    conns = [Conn(host, ports[i % len(ports)]) for i in range(conc)]  # round-robin over the servers
     for c in conns:
         await c.open()
     state = {"i": 0}
@@ -248,7 +250,7 @@ async def _run_scenario(plan: dict[str, Any], sc: dict[str, Any]) -> dict[str, A
                     with contextlib.suppress(ValueError, KeyError, TypeError):
                         counts.append((dt, int(json.loads(body)["count"])))
 
-        server_pids = _descendants(plan["server_pid"]) if plan.get("server_pid") else []
+        server_pids = [pid for root in plan.get("server_pids", []) for pid in _descendants(root)]
         srv0 = _proc_cpu_seconds(server_pids)
         cpu0, wall_cpu0 = _cpu_times()
         ru0 = os.times()
@@ -426,39 +428,49 @@ def serve_and_drive(
     tmp: Path,
 ) -> dict[str, Any]:
     """Start the server, drive every scenario from a second process, stop the server."""
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        *APP,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        str(args.workers),
-        "--no-access-log",
-        "--loop",
-        "uvloop",
-        "--http",
-        "httptools",
+    # One uvicorn process per port, the driver spreading its connections over them as a load
+    # balancer would. With `--workers N` on one port, which worker accepts a keep-alive
+    # connection is a race: 8 connections landed 6/2 on two workers in every trial, and a
+    # run then measured one core's worth of server.
+    ports = [free_port() for _ in range(args.workers)]
+    cmds = [
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            *APP,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+            "--loop",
+            "uvloop",
+            "--http",
+            "httptools",
+        ]
+        for port in ports
     ]
-    server_log = tmp / f"server-{port}.log"
-    log(f"starting server: {shlex.join(cmd[1:])}")
+    cmd = cmds[0]
+    procs: list[subprocess.Popen[bytes]] = []
+    server_log = tmp / f"server-{ports[0]}.log"
+    log(f"starting {len(cmds)} server processes: {shlex.join(cmd[1:])} (ports {', '.join(map(str, ports))})")
     with server_log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        for c in cmds:
+            procs.append(
+                subprocess.Popen(
+                    c, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            )
     try:
-        ready = wait_health(port, proc)
-        log(f"server healthy after {ready:.1f} s")
+        ready = max(wait_health(port, proc) for port, proc in zip(ports, procs, strict=True))
+        log(f"servers healthy after {ready:.1f} s")
         runs = []
         for conc in args.concurrency_levels:
             plan = {
                 "host": "127.0.0.1",
-                "port": port,
-                "server_pid": proc.pid,
+                "ports": ports,
+                "server_pids": [proc.pid for proc in procs],
                 "key": raw_key,
                 "concurrency": conc,
                 "duration": args.duration,
@@ -468,7 +480,7 @@ def serve_and_drive(
                 "seed": args.seed + conc,
                 "create_bodies": True,
                 "link_ids": ids[:2000],
-                "results": str(tmp / f"results-{port}-{conc}.json"),
+                "results": str(tmp / f"results-{ports[0]}-{conc}.json"),
                 "scenarios": [
                     {"name": "health", "method": "GET", "paths": [f"{API}/health"], "auth": False},
                     {"name": "list", "method": "GET", "paths": [f"{API}/entries?sort=importance&limit=20"]},
@@ -484,7 +496,7 @@ def serve_and_drive(
             if args.only:
                 wanted = set(args.only.split(","))
                 plan["scenarios"] = [sc for sc in plan["scenarios"] if sc["name"] in wanted]
-            plan_path = tmp / f"plan-{port}-{conc}.json"
+            plan_path = tmp / f"plan-{ports[0]}-{conc}.json"
             plan_path.write_text(json.dumps(plan))
             log(
                 f"driving load from a second process: concurrency {conc}, "
@@ -503,7 +515,8 @@ def serve_and_drive(
                 }
             )
     finally:
-        stop_server(proc)
+        for proc in procs:
+            stop_server(proc)
     return {"cmd": cmd, "runs": runs, "server_tail": server_log.read_text(errors="replace")[-2000:]}
 
 
@@ -682,7 +695,8 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
         b["content"] = f"{b['content']} (diagnostic write {i} {time.time()})"
         return client.post(f"{API}/entries", json.dumps(b), content_type="application/json", secure=True)
 
-    # Connection set-up cost: Django closes the connection after every request (CONN_MAX_AGE=0).
+    # Connection cost per request: Django hands the connection back to the pool after every
+    # request and takes one again for the next.
     times = []
     for _ in range(30):
         connection.close()
@@ -992,7 +1006,8 @@ def render(**kw: Any) -> str:
     conn_age = (
         "as set above"
         if any(e.startswith("DB_CONN_MAX_AGE=") for e in args.server_env)
-        else "unset, i.e. 0: a new database connection per request (the settings default)"
+        else "unset: each request takes a connection from the psycopg pool and hands it back "
+        "(the settings default)"
     )
     repro = ".venv/bin/python bench/api.py " + shlex.join(
         [
@@ -1053,7 +1068,8 @@ def render(**kw: Any) -> str:
         + f". memory_entry holds {facts.get('table_rows', 0):,} rows in all (table "
         f"{facts.get('table_size')}, "
         f"its indexes {facts.get('indexes_size')}, of which the GIN {facts.get('gin_size')})",
-        f"- server, a separate process group: `{cmd}`",
+        f"- server: {args.workers} processes, each `{cmd}` with a port of its own (each its own process "
+        "group); the load generator spreads its connections over them round-robin",
         f"- server environment: `{' '.join(shown_env)}`; no `REDIS_URL`; `DB_CONN_MAX_AGE` {conn_age}",
         f"- load: a second process (`bench/api.py --drive`: asyncio + uvloop, raw HTTP/1.1) over "
         f"**{' and '.join(map(str, args.concurrency_levels))} keep-alive connections**; per "
@@ -1134,13 +1150,13 @@ def render_diagnosis(d: dict[str, Any]) -> list[str]:
         "endpoint after "
         "5 warm-ups; wall and CPU are medians, the stage columns means. SQL time is the wall time of the "
         "statements (Django execute wrapper; psycopg receives the whole result in execute); Python "
-        "CPU is this process's CPU time; each request opens its database connection, as the "
-        "server does with `DB_CONN_MAX_AGE` 0 (the test client alone would keep it). The stages are the wall "
-        "time inside the database connect, the bearer-key authentication (the first query on the new "
-        "connection: PostgreSQL's new backend loads its catalog caches), the response serialisation "
+        "CPU is this process's CPU time; each request takes its database connection from the pool and "
+        "hands it back, as the server does. The stages are the wall "
+        "time inside the database connect (a pool checkout), the bearer-key authentication (the first "
+        "query of the request), the response serialisation "
         "(django-ninja + pydantic) and the write's score refresh (`services._rescore`). "
-        f"Opening a database connection (Django's connect + first query) costs **{d['connect_ms']:.1f} ms** "
-        "(median of 30): every request that touches the database pays it while `DB_CONN_MAX_AGE` is 0.",
+        f"Taking a connection from the pool (Django's connect + a first query) costs "
+        f"**{d['connect_ms']:.1f} ms** (median of 30), once per request that touches the database.",
         "",
         "| endpoint | wall ms | Python CPU ms | SQL ms | SQL statements | connect ms | auth ms "
         "| serialize ms | score refresh ms |",
@@ -1221,7 +1237,9 @@ def main() -> int:
         default="2,8",
         help="keep-alive connections of the load generator; a comma-separated list runs each (default 2,8)",
     )
-    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes (default 2)")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="uvicorn server processes, one port each (default 2)"
+    )
     parser.add_argument("--warmup-seconds", type=float, default=2.0)
     parser.add_argument("--warmup-requests", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
