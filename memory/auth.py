@@ -25,11 +25,14 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
+from django.db.models import Model
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja.security import HttpBearer
 from ninja.security.session import SessionAuth
 
+from maintenance.models import MaintenancePolicy
+from maintenance.policy import PolicyValues
 from memory.errors import Forbidden, ServiceError
 from memory.models import ApiKey, Membership, Role, Workspace
 from memory.services import actor_for_key, actor_for_user, hash_key
@@ -92,41 +95,57 @@ def _rate_limit(bucket: str) -> None:
         raise RateLimited(retry_after=max(1, math.ceil((window + 1) * 60 - time.time())))
 
 
+# What the key lookup reads, table alias and model: the key, its workspace and the
+# workspace's maintenance policy (LEFT JOIN: a workspace may have none yet).
+_LOOKUP: tuple[tuple[str, type[Model]], ...] = (("k", ApiKey), ("w", Workspace), ("p", MaintenancePolicy))
+
+
 @functools.cache
 def _live_key_sql(vendor: str) -> str:
-    """``ApiKey.objects.select_related("workspace").filter(secret_hash=…, revoked_at=None)``
-    as SQL, written once: every API request runs it, and compiling it through the ORM each
-    time cost ~1 ms of the request's CPU (bench/reports/api.md)."""
+    """``ApiKey.objects.select_related("workspace")`` plus the workspace's policy, filtered by
+    hash and not revoked, as SQL written once: every API request runs it, and compiling it
+    through the ORM each time cost ~1 ms of the request's CPU (bench/reports/api.md)."""
     q = connection.ops.quote_name
-    columns = [f"k.{q(f.column)}" for f in ApiKey._meta.concrete_fields]
-    columns += [f"w.{q(f.column)}" for f in Workspace._meta.concrete_fields]
+    columns = [f"{alias}.{q(f.column)}" for alias, model in _LOOKUP for f in model._meta.concrete_fields]
     return (
         f"SELECT {', '.join(columns)} FROM {q(ApiKey._meta.db_table)} k "
         f"JOIN {q(Workspace._meta.db_table)} w ON w.{q('id')} = k.{q('workspace_id')} "
+        f"LEFT JOIN {q(MaintenancePolicy._meta.db_table)} p ON p.{q('workspace_id')} = w.{q('id')} "
         f"WHERE k.{q('secret_hash')} = %s AND k.{q('revoked_at')} IS NULL"
     )
 
 
 def _live_key(secret_hash: str) -> ApiKey | None:
-    """The unrevoked key with this hash, its workspace loaded, in one query."""
-    key_fields, workspace_fields = ApiKey._meta.concrete_fields, Workspace._meta.concrete_fields
+    """The unrevoked key with this hash, its workspace loaded, in one query. The workspace
+    carries its policy as read now (``memory.services.write_policy``: a write's scores need
+    it, and this request has just read it)."""
     with connection.cursor() as cursor:
         cursor.execute(_live_key_sql(connection.vendor), [secret_hash])
-        row = cursor.fetchone()
-    if row is None:
+        row = iter(cursor.fetchone() or ())
+    instances: list[Model | None] = []
+    for _, model in _LOOKUP:
+        fields = model._meta.concrete_fields
+        values = []
+        for field in fields:
+            # The driver's values become Python values as in the ORM's own reads (SQLite
+            # returns datetimes as text).
+            value = next(row, None)
+            col = field.get_col(model._meta.db_table)
+            converters = field.get_db_converters(connection)  # type: ignore[attr-defined]
+            for convert in [*connection.ops.get_db_converters(col), *converters]:
+                value = convert(value, col, connection) if value is not None else None
+            values.append(value)
+        found = values[0] is not None  # the primary key
+        instances.append(
+            model.from_db(connection.alias, [f.attname for f in fields], values) if found else None
+        )
+    key, workspace, policy = instances
+    if not isinstance(key, ApiKey) or not isinstance(workspace, Workspace):
         return None
-    # The driver's values become Python values as in the ORM's own reads (SQLite returns
-    # datetimes as text).
-    values = []
-    for field, value in zip([*key_fields, *workspace_fields], row, strict=True):
-        col = field.get_col(field.model._meta.db_table)
-        converters = field.get_db_converters(connection)  # type: ignore[attr-defined]
-        for convert in [*connection.ops.get_db_converters(col), *converters]:
-            value = convert(value, col, connection)
-        values.append(value)
-    n = len(key_fields)
-    key = ApiKey.from_db(connection.alias, [f.attname for f in key_fields], values[:n])
-    key.workspace = Workspace.from_db(connection.alias, [f.attname for f in workspace_fields], values[n:])
+    workspace.__dict__["policy_at_auth"] = (
+        policy.values() if isinstance(policy, MaintenancePolicy) else PolicyValues()
+    )
+    key.workspace = workspace
     return key
 
 

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from maintenance import scoring
 from maintenance.models import MaintenancePolicy
+from maintenance.policy import PolicyValues
 from maintenance.scoring import step_salience
 from maintenance.scoring_db import rescore
 from memory.errors import Conflict, InvalidInput, NotFound
@@ -224,8 +225,15 @@ def _set_status(
     )
 
 
+def write_policy(workspace: Workspace) -> PolicyValues:
+    """The workspace's policy for a write's scores: as the request's API key lookup read it
+    (``memory.auth``, the same request: fresh, and no second query), else read now."""
+    read = workspace.__dict__.get("policy_at_auth")
+    return read if isinstance(read, PolicyValues) else MaintenancePolicy.for_workspace(workspace)
+
+
 def _rescore(workspace: Workspace, ids: Iterable[int], now: datetime) -> None:
-    rescore(workspace, ids, now=now, params=MaintenancePolicy.for_workspace(workspace).decay_params)
+    rescore(workspace, ids, now=now, params=write_policy(workspace).decay_params)
 
 
 def neighbour_ids(entry_ids: Iterable[int]) -> set[int]:
@@ -547,7 +555,7 @@ def _new_entry_scores(
     rank: dict[str, int] = {AnchorStatus.VALID: 0, AnchorStatus.STALE: 1, AnchorStatus.INVALIDATED: 2}
     worst = max((a.status for a in anchors), key=lambda status: rank[status], default=AnchorStatus.VALID)
     age = (now - created).total_seconds() / 86400
-    params = MaintenancePolicy.for_workspace(workspace).decay_params
+    params = write_policy(workspace).decay_params
     return {
         "importance": scoring.importance(
             impact_score=values.get("impact_score"),

@@ -886,3 +886,27 @@ def test_a_list_counts_exactly_up_to_the_bound_then_serves_a_cached_count(worksp
     assert agent.get("/entries?limit=2&offset=2").json()["count"] == 4  # full page: the cache
     cache.clear()
     assert agent.get("/entries").json()["count"] == 5
+
+
+def test_a_write_scores_with_the_policy_its_own_request_read(workspace, agent):
+    # The key lookup reads the workspace's policy in the same query; a policy changed between
+    # two requests is what the next write uses, and no write reads it a second time.
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from maintenance.models import MaintenancePolicy
+
+    retentions = []
+    for salience_default in (0.5, 1.5):
+        MaintenancePolicy.objects.update_or_create(
+            workspace=workspace, defaults={"salience_default": salience_default}
+        )
+        with CaptureQueriesContext(connection) as queries:
+            response = agent.post("/entries", {"content": f"scored with {salience_default}"})
+        assert response.status_code == 201, response.body
+        policy_reads = [
+            q["sql"] for q in queries.captured_queries if "maintenance_maintenancepolicy" in q["sql"]
+        ]
+        assert len(policy_reads) == 1 and "memory_apikey" in policy_reads[0]
+        retentions.append(Entry.objects.get(pk=response.body["id"]).retention)
+    assert retentions == [pytest.approx(0.5), pytest.approx(1.5)]
