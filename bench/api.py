@@ -661,7 +661,7 @@ def db_facts(c: Any, ws_id: int) -> dict[str, Any]:
         "SELECT pg_size_pretty(pg_table_size('memory_entry')), "
         "pg_size_pretty(pg_indexes_size('memory_entry')), "
         "pg_size_pretty(pg_relation_size('memory_entry_search')), "
-        "pg_size_pretty(pg_relation_size('entry_live_by_importance'))"
+        "pg_size_pretty(pg_relation_size('entry_by_importance'))"
     )
     facts["table_size"], facts["indexes_size"], facts["gin_size"], facts["importance_index_size"] = (
         c.fetchone()

@@ -142,12 +142,7 @@ elif _db["ENGINE"] == "django.db.backends.postgresql" and env_bool("DB_POOL", Tr
             "timeout": 10,
         },
         # JIT compilation adds 15-30 ms to a large query and pays off only for analytics.
-        # Parameters go to the server apart from the SQL, so psycopg prepares the statements a
-        # connection repeats (a write's INSERTs, the key lookup): less parsing and binding per
-        # request. Plans stay custom, made for each call's values as with inlined parameters
-        # (a generic plan of a search would not know how many entries its words match).
-        "options": "-c jit=off -c plan_cache_mode=force_custom_plan",
-        "server_side_binding": env_bool("DB_SERVER_SIDE_BINDING", True),
+        "options": "-c jit=off",
     }
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -259,8 +259,21 @@ def rescore(workspace: Workspace, ids: Iterable[int], *, now: datetime, params: 
     id_list = sorted(set(ids))
     if len(id_list) > FEW_IDS:
         return refresh_scores(workspace, now=now, params=params, ids=id_list)
+    with transaction.atomic():
+        return _rescore_in_python(workspace, id_list, now=now, params=params)
+
+
+def _rescore_in_python(
+    workspace: Workspace, id_list: list[int], *, now: datetime, params: DecayParams
+) -> int:
+    # The rows are locked (in id order) before their inputs are read: a concurrent write that
+    # rescores one of them waits, then reads what this transaction committed, as it would
+    # behind the SQL refresh's UPDATE. (SQLite serialises writes anyway.)
     entries = list(
-        Entry.objects.filter(workspace=workspace, is_latest=True, pk__in=id_list).only(
+        Entry.objects.filter(workspace=workspace, is_latest=True, pk__in=id_list)
+        .select_for_update(of=("self",))
+        .order_by("pk")
+        .only(
             "lineage_id",
             "impact_score",
             "significance_type",

@@ -95,8 +95,8 @@ def _page(qs: Any, limit: int, offset: int, count_key: str | None = None) -> dic
     items = list(qs[offset : offset + limit])
     if len(items) < limit and (items or offset == 0):
         count = offset + len(items)  # the last page: exact without counting
-    else:
-        count = selectors.bounded_count(qs, count_key)
+    else:  # a cached count may lag behind rows written since; never below what is shown
+        count = max(selectors.bounded_count(qs, count_key), offset + len(items))
     if qs.model is Entry:
         selectors.with_tag_names(items)
     return {"count": count, "limit": limit, "offset": offset, "items": items}

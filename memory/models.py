@@ -7,6 +7,8 @@ scoped; nothing crosses workspaces.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
@@ -344,7 +346,7 @@ class Entry(models.Model):
                 condition=Q(
                     is_latest=True, status__in=[Status.ACTIVE, Status.STALE, Status.STAGED, Status.ARCHIVED]
                 ),
-                name="entry_live_by_importance",
+                name="entry_by_importance",
             ),
             models.Index(
                 fields=["workspace", "-created_at"],
@@ -385,6 +387,10 @@ class Entry(models.Model):
     @property
     def is_managed(self) -> bool:
         return self.source in MANAGED_SOURCES
+
+    def refresh_from_db(self, *args: Any, **kwargs: Any) -> None:
+        self.__dict__.pop("_tag_names", None)  # attached by a page read; may be stale now
+        super().refresh_from_db(*args, **kwargs)
 
     @property
     def tag_names(self) -> list[str]:

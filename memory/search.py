@@ -334,14 +334,17 @@ def _search_postgresql(workspace_id: int, parsed: ParsedQuery, statuses: list[st
         ),
     }
     with connection.cursor() as cursor:
-        # The values are bound client-side, so the planner sees the query's words and
-        # estimates its matches from the tsvector statistics.
+        # The values are bound client-side (into the SQL text), so the planner sees the
+        # query's words and estimates its matches from the tsvector statistics.
         cursor.execute("EXPLAIN (FORMAT JSON) SELECT 1" + _POSTGRESQL_MATCHES, params)
         plan = cursor.fetchone()[0]
         plan = json.loads(plan) if isinstance(plan, str) else plan
         estimate = int(plan[0]["Plan"]["Plan Rows"])
         if estimate > BROAD_MIN:
             visible = _visible(workspace_id, statuses)
+            # The table's statistics are shared by every workspace: a small workspace's
+            # estimate can exceed the entries it has.
+            estimate = min(estimate, visible)
             if estimate > broad_threshold(visible):
                 walk = min(visible, math.ceil(4 * RANK_CAP * visible / estimate))
                 cursor.execute(_POSTGRESQL_BROAD_SQL, {**params, "cap": RANK_CAP, "walk": walk})

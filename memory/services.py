@@ -428,7 +428,7 @@ def _datetime(value: Any, field: str) -> datetime | None:
         raise InvalidInput(f"{field}: must be a datetime")
     if timezone.is_naive(value):
         value = timezone.make_aware(value, UTC)
-    return value
+    return value.astimezone(UTC)  # as the database gives it back
 
 
 def _mapping(value: Any, field: str) -> dict[str, Any]:

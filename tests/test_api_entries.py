@@ -861,6 +861,9 @@ def test_expires_at_is_stored_in_utc(workspace, agent):
     assert response.status_code == 201, response.body
     entry = Entry.objects.get(pk=response.body["id"])
     assert entry.expires_at == datetime(2030, 1, 1, 10, 0, tzinfo=UTC)
+    # The create response shows what a read shows (it is not re-read from the database).
+    assert response.body["expires_at"] == agent.get(f"/entries/{entry.pk}").body["expires_at"]
+    assert response.body["expires_at"].startswith("2030-01-01T10:00:00")
     naive = agent.post("/entries", {"content": "Naive.", "expires_at": "2030-01-01T12:00:00"}).body
     assert Entry.objects.get(pk=naive["id"]).expires_at == datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -884,6 +887,7 @@ def test_a_list_counts_exactly_up_to_the_bound_then_serves_a_cached_count(worksp
     assert agent.get("/entries?limit=50").json()["count"] == 5
     assert agent.get("/entries?limit=2&offset=4").json()["count"] == 5
     assert agent.get("/entries?limit=2&offset=2").json()["count"] == 4  # full page: the cache
+    assert agent.get("/entries?limit=1&offset=4").json()["count"] == 5  # never below what it shows
     cache.clear()
     assert agent.get("/entries").json()["count"] == 5
 

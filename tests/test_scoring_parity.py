@@ -332,3 +332,15 @@ def test_more_ids_than_few_go_through_the_sql_refresh(workspace, now):
 
     assert scored == FEW_IDS + 1
     assert any("EXP(" in q["sql"].upper() or "LN(" in q["sql"].upper() for q in queries.captured_queries)
+
+
+def test_rescoring_few_ids_locks_their_rows_first(workspace, now):
+    # A concurrent write to one of them must wait and then read what this one committed (the
+    # SQL refresh's UPDATE gave that for free); SQLite serialises writers and has no FOR UPDATE.
+    made = [services.entry_create(workspace=workspace, content=f"note {n}") for n in range(3)]
+
+    with CaptureQueriesContext(connection) as queries:
+        rescore(workspace, [e.pk for e in made], now=now, params=DecayParams())
+
+    first_read = next(q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT"))
+    assert ("FOR UPDATE" in first_read) is (connection.vendor == "postgresql")

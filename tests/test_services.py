@@ -1261,3 +1261,15 @@ def test_a_sequence_of_writes_never_removes_an_entry(workspace, now):
     assert EntryAccess.objects.count() == 1
     assert CodeAnchor.objects.count() == 0
     assert Relationship.objects.count() == 1  # b → a2 (caused) survived everything
+
+
+def test_a_page_read_names_its_tags_until_the_entry_is_read_again(workspace):
+    from memory.selectors import with_tag_names
+
+    entry = services.entry_create(workspace=workspace, content="Tagged note", tags=["alpha"])
+    page = with_tag_names(list(Entry.objects.filter(pk=entry.pk)))
+    page[0].tags.set([])  # written behind the attached names
+
+    assert page[0].tag_names == ["alpha"]  # as the page read them
+    page[0].refresh_from_db()
+    assert page[0].tag_names == []
