@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -11,9 +12,10 @@ from django.core.cache import cache
 from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
 
 from maintenance import scoring
-from maintenance.scoring_db import relationship_count_expr
+from maintenance.scoring_db import COUNTED_END_STATUSES
 from memory.errors import NotFound
 from memory.models import (
+    CAUSAL_TYPES,
     AnchorStatus,
     CodeAnchor,
     Entry,
@@ -198,22 +200,48 @@ def entry_detail(workspace: Workspace, entry_id: int, *, now: datetime) -> Entry
     ).values("status")[:1]
     entry = (
         Entry.objects.filter(workspace=workspace, pk=entry_id)
-        .annotate(
-            live_links=relationship_count_expr(),
-            live_causal=relationship_count_expr(causal_only=True),
-            lineage_status=Subquery(lineage_status),
-        )
-        .prefetch_related("tags", Prefetch("anchors", queryset=CodeAnchor.objects.order_by("pk")))
+        .annotate(lineage_status=Subquery(lineage_status))
+        .prefetch_related(Prefetch("anchors", queryset=CodeAnchor.objects.order_by("pk")))
         .first()
     )
-    # The annotations are not known to the type checker; read them through an untyped name.
+    # The annotation is not known to the type checker; read it through an untyped name.
     annotated: Any = entry
     if entry is None or Status.TOMBSTONED in (entry.status, annotated.lineage_status):
         raise NotFound(f"entry {entry_id} not found")
+    with_tag_names([entry])
     anchors = list(entry.anchors.all())
     worst = max((a.status for a in anchors), key=lambda s: _ANCHOR_RANK.get(s, 0), default=AnchorStatus.VALID)
-    relationship_count = int(annotated.live_links)
-    causal_count = int(annotated.live_causal)
+    # Every link touching the entry, with the state of its other end: the list shows them
+    # all, the score counts the live ones (as scoring_db.relationship_count_expr does in SQL).
+    rows = list(
+        Relationship.objects.filter(workspace=workspace)
+        .filter(Q(from_entry_id=entry.pk) | Q(to_entry_id=entry.pk))
+        .order_by("pk")
+        .values(
+            "pk",
+            "type",
+            "from_entry_id",
+            "to_entry_id",
+            "created_at",
+            "pruned_at",
+            "from_entry__is_latest",
+            "from_entry__status",
+            "to_entry__is_latest",
+            "to_entry__status",
+        )
+    )
+
+    def counted(row: Mapping[str, Any]) -> bool:
+        other = "to_entry" if row["from_entry_id"] == entry.pk else "from_entry"
+        return (
+            row["pruned_at"] is None
+            and row[f"{other}__is_latest"]
+            and row[f"{other}__status"] in COUNTED_END_STATUSES
+        )
+
+    live = [row for row in rows if counted(row)]
+    relationship_count = len(live)
+    causal_count = sum(1 for row in live if row["type"] in CAUSAL_TYPES)
     age_days = scoring.days_between(now.timestamp(), entry.created_at.timestamp())
     breakdown = scoring.importance_breakdown(
         impact_score=entry.impact_score,
@@ -240,10 +268,7 @@ def entry_detail(workspace: Workspace, entry_id: int, *, now: datetime) -> Entry
             created_at=row["created_at"],
             pruned_at=row["pruned_at"],
         )
-        for row in Relationship.objects.filter(workspace=workspace)
-        .filter(Q(from_entry_id=entry.pk) | Q(to_entry_id=entry.pk))
-        .order_by("pk")
-        .values("pk", "type", "from_entry_id", "to_entry_id", "created_at", "pruned_at")
+        for row in rows
     ]
     readers = EntryAccess.objects.filter(workspace=workspace, lineage_id=_lineage(entry)).count()
     return EntryDetail(
