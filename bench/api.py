@@ -839,17 +839,17 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
                 ("median", by_count[len(by_count) // 2]),
                 ("p95", by_count[min(len(by_count) - 1, int(0.95 * len(by_count)))]),
             ):
-                parsed = search_mod.parse_query(q)
-                params = {
-                    "q": parsed.websearch(),
-                    "workspace": ws.pk,
-                    "statuses": ["active", "stale"],
-                    "limit": 20,
-                    "zwsp": search_mod._ZWSP,
-                    "headline": 'StartSel="«", StopSel="»", MaxWords=24, MinWords=8',
-                }
-                plans[f"search, a query with {label} match count: q={q!r} ({cnt:,} matches)"] = _explain(
-                    c, search_mod._POSTGRESQL_SQL, params
+                # The statement search() ran last for this query (the ranking: broad or exact),
+                # as it sent it (values inlined), explained again.
+                with CaptureQueriesContext(connection) as ran:
+                    result = search_mod.search(ws, q, limit=20)
+                path = (
+                    f"broad: its {result.ranked} most important matches ranked"
+                    if (result.ranked or 0) < result.count or not result.count_exact
+                    else "every match ranked"
+                )
+                plans[f"search, a query with {label} match count: q={q!r} ({cnt:,} matches; {path})"] = (
+                    _explain(c, ran.captured_queries[-1]["sql"], None)
                 )
             out["search_match_counts"] = [cnt for cnt, _ in by_count]
     out["plans"] = plans
