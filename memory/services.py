@@ -166,7 +166,7 @@ def tags_for_names(workspace: Workspace, names: Sequence[str]) -> list[Tag]:
 def _reserve_entry_id() -> int | None:
     """On PostgreSQL the next id of memory_entry, so a new lineage's first row is written with
     ``lineage_id`` = its id in its INSERT: an UPDATE after it would write the row and its
-    fourteen index entries twice. None on SQLite, which has no sequence to draw from."""
+    thirteen index entries twice. None on SQLite, which has no sequence to draw from."""
     if connection.vendor != "postgresql":
         return None
     with connection.cursor() as cursor:
