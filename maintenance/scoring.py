@@ -7,6 +7,7 @@ both formulas; ``tests/test_scoring_parity.py`` proves they agree to 1e-9.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # Importance weights (dimensionless; they sum to 1.0 before the multipliers).
@@ -63,6 +64,12 @@ class ImportanceBreakdown:
 
 def _clamp(value: float, low: float, high: float) -> float:
     return min(max(value, low), high)
+
+
+def worst_anchor(statuses: Iterable[str]) -> str:
+    """The status of the anchor that weighs an entry down most (the smallest multiplier; an
+    unknown status counts as valid); valid when it has none."""
+    return min(statuses, key=lambda status: ANCHOR_MULTIPLIER.get(status, 1.0), default="valid")
 
 
 def importance_breakdown(

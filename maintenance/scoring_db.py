@@ -250,7 +250,6 @@ def _pk_batches(qs: QuerySet[Entry], size: int) -> Iterable[list[int]]:
 # costs ~6 ms of Python whatever the number of rows, so up to this many ids the scores are
 # computed in Python from the same inputs (four small reads) and written in one UPDATE.
 FEW_IDS = 25
-_ANCHOR_RANK: dict[str, int] = {AnchorStatus.VALID: 0, AnchorStatus.STALE: 1, AnchorStatus.INVALIDATED: 2}
 
 
 def rescore(workspace: Workspace, ids: Iterable[int], *, now: datetime, params: DecayParams) -> int:
@@ -298,10 +297,9 @@ def _rescore_in_python(
         "to_entry_id", "type"
     ):
         links[pk].append(type_)
-    worst: dict[int, str] = {}
+    anchors: dict[int, list[str]] = {pk: [] for pk in pks}
     for pk, status in CodeAnchor.objects.filter(entry_id__in=pks).values_list("entry_id", "status"):
-        if _ANCHOR_RANK.get(status, 0) > _ANCHOR_RANK.get(worst.get(pk, "valid"), 0):
-            worst[pk] = status
+        anchors[pk].append(status)
     readers = dict(
         EntryAccess.objects.filter(lineage_id__in={e.lineage_id for e in entries})
         .values("lineage_id")
@@ -324,7 +322,7 @@ def _rescore_in_python(
             age_days=age,
             trust_score=e.trust_score,
             validation_status=e.validation_status,
-            anchor_status=worst.get(e.pk, AnchorStatus.VALID),
+            anchor_status=scoring.worst_anchor(anchors[e.pk]),
         )
         e.retention = scoring.retention(
             age_days=age,

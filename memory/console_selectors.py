@@ -38,7 +38,6 @@ from maintenance.tasks import COMPLETED_STATUSES, FULL_HOLD_OFF
 from memory import selectors
 from memory.errors import NotFound
 from memory.models import (
-    AnchorStatus,
     CodeAnchor,
     Entry,
     EntryAccess,
@@ -271,8 +270,6 @@ def paginate(queryset: QuerySet[Any], page: Any, per_page: int) -> Page[Any]:
 
 # --- entry page -------------------------------------------------------------------------------
 
-_ANCHOR_RANK: dict[str, int] = {AnchorStatus.VALID: 0, AnchorStatus.STALE: 1, AnchorStatus.INVALIDATED: 2}
-
 
 @dataclass(frozen=True)
 class LinkView:
@@ -337,7 +334,7 @@ def entry_page(workspace: Workspace, entry_id: int, *, now: datetime, events_pag
         raise NotFound(f"entry {entry_id} not found")
     entry: Entry = found
     anchors = list(entry.anchors.all())
-    worst = max((a.status for a in anchors), key=lambda s: _ANCHOR_RANK.get(s, 0), default=AnchorStatus.VALID)
+    worst = scoring.worst_anchor(a.status for a in anchors)
     age_days = scoring.days_between(now.timestamp(), entry.created_at.timestamp())
     breakdown = scoring.importance_breakdown(
         impact_score=entry.impact_score,

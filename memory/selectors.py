@@ -16,7 +16,6 @@ from maintenance.scoring_db import COUNTED_END_STATUSES
 from memory.errors import NotFound
 from memory.models import (
     CAUSAL_TYPES,
-    AnchorStatus,
     CodeAnchor,
     Entry,
     EntryAccess,
@@ -107,7 +106,6 @@ ENTRY_SORTS: dict[str, tuple[str, ...]] = {
     "recent": ("-created_at", "-id"),
     "retention": ("-retention", "-id"),
 }
-_ANCHOR_RANK: dict[str, int] = {AnchorStatus.VALID: 0, AnchorStatus.STALE: 1, AnchorStatus.INVALIDATED: 2}
 
 
 def entry_list(
@@ -210,7 +208,7 @@ def entry_detail(workspace: Workspace, entry_id: int, *, now: datetime) -> Entry
         raise NotFound(f"entry {entry_id} not found")
     with_tag_names([entry])
     anchors = list(entry.anchors.all())
-    worst = max((a.status for a in anchors), key=lambda s: _ANCHOR_RANK.get(s, 0), default=AnchorStatus.VALID)
+    worst = scoring.worst_anchor(a.status for a in anchors)
     # Every link touching the entry, with the state of its other end: the list shows them
     # all, the score counts the live ones (as scoring_db.relationship_count_expr does in SQL).
     rows = list(

@@ -552,8 +552,7 @@ def _new_entry_scores(
     now: datetime,
 ) -> dict[str, Any]:
     """Stored scores of a new entry without links (no relationships, never accessed)."""
-    rank: dict[str, int] = {AnchorStatus.VALID: 0, AnchorStatus.STALE: 1, AnchorStatus.INVALIDATED: 2}
-    worst = max((a.status for a in anchors), key=lambda status: rank[status], default=AnchorStatus.VALID)
+    worst = scoring.worst_anchor(a.status for a in anchors)
     age = (now - created).total_seconds() / 86400
     params = write_policy(workspace).decay_params
     return {

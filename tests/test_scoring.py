@@ -225,3 +225,11 @@ def test_salience_scales_only_the_time_term(inputs, params, salience):
     time_term = math.exp(-params.lam * max(inputs["age_days"], 0))
     diff = retention(**scaled, params=params) - retention(**base, params=params)
     assert diff == pytest.approx((salience - 1.0) * time_term, abs=1e-9)
+
+
+def test_the_worst_anchor_is_the_one_with_the_smallest_multiplier():
+    from maintenance.scoring import worst_anchor
+
+    assert worst_anchor([]) == "valid"
+    assert worst_anchor(["valid", "stale", "valid"]) == "stale"
+    assert worst_anchor(["stale", "invalidated", "valid"]) == "invalidated"
