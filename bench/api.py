@@ -52,6 +52,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from machine import cpu_model, ram_gib  # bench/machine.py
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
@@ -330,26 +332,6 @@ def drive(plan_path: Path) -> int:
 
 
 # --- orchestration (first process) -----------------------------------------------------------
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def ram_gib() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) / 1024 / 1024
-    except OSError:
-        pass
-    return float("nan")
 
 
 def free_port() -> int:

@@ -30,6 +30,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from machine import cpu_model  # bench/machine.py
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = ROOT.parent / "shared" / "corpus"
 REPORT = ROOT / "bench" / "reports" / "contradictions-rules.md"
@@ -97,16 +99,6 @@ FIXES = [
     '- Spanish "no" needed a Spanish hint word; "uses" was one, so the English "no `.js` '
     'extension … project uses bundler" counted as Spanish. "uses" and "usa" are no hints now.',
 ]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> int:

@@ -22,6 +22,8 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+from machine import cpu_model  # bench/machine.py
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = ROOT.parent / "shared" / "corpus"
 REPORT = ROOT / "bench" / "reports" / "hygiene-flask.md"
@@ -83,16 +85,6 @@ Checked and right as they are:
 - *legacy_import*: every record is imported, so every entry scores at least 1 and is in the
   queue as `review`; only 4 points or more lead to `archive`.
 """
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> int:

@@ -24,20 +24,12 @@ from datetime import UTC, datetime
 from io import StringIO
 from pathlib import Path
 
+from machine import cpu_model  # bench/machine.py
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILE = ROOT.parent / "shared" / "corpus" / "flask_gitlog_journal.jsonl"
 SAMPLE_FILE = ROOT / "memory" / "sample_data" / "flask_journal_sample.jsonl"
 REPORT = ROOT / "bench" / "reports" / "import_journal.md"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> int:
