@@ -43,7 +43,6 @@ from maintenance.schemas import (
 )
 from maintenance.selectors import (
     backup_list,
-    page,
     policy_values,
     run_get,
     run_list,
@@ -52,6 +51,7 @@ from maintenance.selectors import (
 )
 from memory.auth import ROLE_LEVEL, require
 from memory.errors import InvalidInput
+from memory.selectors import page
 
 router = Router(tags=["maintenance"])
 

@@ -18,17 +18,7 @@ from maintenance.models import (
 )
 from memory.errors import NotFound
 from memory.models import AnchorStatus, CodeAnchor, Relationship, Status, Tag, Tombstone, Workspace
-from memory.selectors import bounded_count, status_counts
-
-
-def page(queryset: QuerySet[Any], *, limit: int, offset: int) -> dict[str, Any]:
-    """One page of a list: two queries (count and rows) whatever the page size."""
-    return {
-        "count": bounded_count(queryset),
-        "limit": limit,
-        "offset": offset,
-        "items": list(queryset[offset : offset + limit]),
-    }
+from memory.selectors import status_counts
 
 
 def run_list(

@@ -92,14 +92,10 @@ def _check_source(who: Principal, source: str | None) -> None:
 
 
 def _page(qs: Any, limit: int, offset: int, count_key: str | None = None) -> dict[str, Any]:
-    items = list(qs[offset : offset + limit])
-    if len(items) < limit and (items or offset == 0):
-        count = offset + len(items)  # the last page: exact without counting
-    else:  # a cached count may lag behind rows written since; never below what is shown
-        count = max(selectors.bounded_count(qs, count_key), offset + len(items))
+    found = selectors.page(qs, limit=limit, offset=offset, count_key=count_key)
     if qs.model is Entry:
-        selectors.with_tag_names(items)
-    return {"count": count, "limit": limit, "offset": offset, "items": items}
+        selectors.with_tag_names(found["items"])
+    return found
 
 
 # --- entries ----------------------------------------------------------------------------------

@@ -53,6 +53,17 @@ def bounded_count(queryset: QuerySet[Any], key: str | None = None) -> int:
     return n
 
 
+def page(queryset: QuerySet[Any], *, limit: int, offset: int, count_key: str | None = None) -> dict[str, Any]:
+    """One page of a list and the list's ``count`` (``bounded_count``; a page shorter than
+    ``limit`` is the last one and counts itself). One or two queries whatever the page size."""
+    items = list(queryset[offset : offset + limit])
+    if len(items) < limit and (items or offset == 0):
+        count = offset + len(items)  # the last page: exact without counting
+    else:  # a cached count may lag behind rows written since; never below what is shown
+        count = max(bounded_count(queryset, count_key), offset + len(items))
+    return {"count": count, "limit": limit, "offset": offset, "items": items}
+
+
 def workspaces_for_user(user: Any) -> QuerySet[Workspace]:
     if not getattr(user, "is_authenticated", False):
         return Workspace.objects.none()
