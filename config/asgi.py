@@ -1,31 +1,91 @@
 """ASGI entry point: HTTP through Django, websockets through Channels."""
 
+import asyncio
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import django
-from asgiref.sync import sync_to_async
-from django.core.handlers.asgi import ASGIHandler
-from django.http import HttpRequest, HttpResponseBase
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.http import FileResponse, HttpResponseBase
+from django.urls import set_script_prefix
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
+IDLE_THREADS_KEPT = 64  # request threads kept for reuse; more concurrent requests start more
+
 
 class SyncStackASGIHandler(ASGIHandler):
-    """Django's ASGI handler running the middleware stack and the view synchronously, in one
-    worker thread per request, as under WSGI.
+    """Django's ASGI handler doing a request's synchronous work in one hop to a reused thread.
 
-    Every view of the project is synchronous. Django's async stack runs each middleware's
-    process_request/process_response in a worker thread of its own (sync_to_async), so a
-    request made about 16 thread hand-offs, over 1 ms of CPU (bench/reports/api.md); here it
-    makes one. Websockets are not affected (Channels routes them below)."""
+    Every view of the project is synchronous. Django's own handler, per request, starts a
+    thread (a fresh one-thread executor per ``ThreadSensitiveContext``) and a second one to
+    join it, and hands work to it three times (request_started, the middleware and view,
+    response.close); its async middleware chain would add a hand-off per middleware hook. Here
+    the middleware chain is synchronous, and one call on the request's thread sends
+    request_started, builds the request, runs middleware and view and, for an ordinary
+    (non-streaming) response, closes it — request_finished hands the database connection back
+    to the pool on the thread that used it. The threads are kept and reused (each request
+    still has one to itself, so a slow request does not hold up the others).
+    bench/reports/api.md measures the difference. Websockets are not affected (Channels routes
+    them below)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._idle: list[ThreadPoolExecutor] = []  # touched only on the event loop's thread
 
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=False)
 
-    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
-        response: Any = await sync_to_async(self.get_response, thread_sensitive=True)(request)
-        return response  # type: ignore[no-any-return]
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        executor = self._idle.pop() if self._idle else ThreadPoolExecutor(1, "request")
+        try:
+            # Every thread-sensitive call of this request runs on this executor's one thread.
+            async with ThreadSensitiveContext(executor=executor):
+                await self.handle(scope, receive, send)
+        finally:
+            if len(self._idle) < IDLE_THREADS_KEPT:
+                self._idle.append(executor)
+            else:
+                executor.shutdown(wait=False)
+
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        try:
+            response = await sync_to_async(self._respond, thread_sensitive=True)(scope, body_file)
+            try:
+                await self.send_response(response, send)
+            except asyncio.CancelledError:  # the client went away while it was sent
+                pass
+            finally:
+                if response.streaming:  # sent from its iterator: closed once consumed
+                    await sync_to_async(response.close, thread_sensitive=True)()
+        finally:
+            body_file.close()
+
+    def _respond(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            assert error_response is not None  # create_request answers one or the other
+            response = error_response
+        else:
+            response = self.get_response(request)
+            response._handler_class = self.__class__  # type: ignore[attr-defined]
+            if isinstance(response, FileResponse):  # the ASGI server chunks the body itself
+                response.block_size = self.chunk_size
+        if not response.streaming:
+            response.close()  # its content is in memory; request_finished runs on this thread
+        return response
 
 
 # Django must be set up before anything imports models (the websocket routes do).
