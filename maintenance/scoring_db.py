@@ -6,11 +6,12 @@ sweep refreshes stored scores with one UPDATE per batch instead of one query per
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import (
     Case,
     Count,
@@ -30,6 +31,7 @@ from django.db.models.functions import Cast, Coalesce, Exp, Greatest, Least, Ln
 
 from maintenance import scoring
 from maintenance.scoring import DecayParams
+from memory import rawsql
 from memory.models import (
     CAUSAL_TYPES,
     AnchorStatus,
@@ -262,75 +264,117 @@ def rescore(workspace: Workspace, ids: Iterable[int], *, now: datetime, params: 
         return _rescore_in_python(workspace, id_list, now=now, params=params)
 
 
+_RESCORE_INPUTS = (
+    "id",
+    "lineage_id",
+    "impact_score",
+    "significance_type",
+    "trust_score",
+    "validation_status",
+    "created_at",
+    "access_count",
+    "last_accessed_at",
+    "salience",
+)
+
+
+@functools.cache
+def _rescore_sql(vendor: str, count: int) -> tuple[str, str]:
+    """The read (inputs of ``count`` latest entries, their counted links, anchor statuses and
+    readers; rows locked in id order where the database can) and the write of
+    ``_rescore_in_python``, written once: compiling them through the ORM on every write cost
+    ~12 ms of CPU per rescored write on the benchmark machine (bench/reports/api.md)."""
+    e, rel, anchor, access = (rawsql.table(m) for m in (Entry, Relationship, CodeAnchor, EntryAccess))
+
+    def c(model: Any, name: str, alias: str) -> str:
+        return f"{alias}.{rawsql.column(model, name)}"
+
+    pk = rawsql.quote("id")
+    counted = ", ".join(f"'{status}'" for status in COUNTED_END_STATUSES)
+    causal = ", ".join(f"'{t}'" for t in CAUSAL_TYPES)
+
+    def links(only_causal: bool) -> str:
+        ends = []
+        for own, other in (("from_entry", "to_entry"), ("to_entry", "from_entry")):
+            ends.append(
+                f"(SELECT COUNT(*) FROM {rel} r JOIN {e} o ON o.{pk} = {c(Relationship, other, 'r')}"
+                f" WHERE {c(Relationship, own, 'r')} = e.{pk}"
+                f" AND {c(Relationship, 'pruned_at', 'r')} IS NULL"
+                f" AND {c(Entry, 'is_latest', 'o')} AND {c(Entry, 'status', 'o')} IN ({counted})"
+                + (f" AND {c(Relationship, 'type', 'r')} IN ({causal})" if only_causal else "")
+                + ")"
+            )
+        return " + ".join(ends)
+
+    anchors = [
+        f"(SELECT COUNT(*) FROM {anchor} a WHERE {c(CodeAnchor, 'entry', 'a')} = e.{pk}"
+        f" AND {c(CodeAnchor, 'status', 'a')} = '{status}')"
+        for status in AnchorStatus.values
+    ]
+    readers = (
+        f"(SELECT COUNT(*) FROM {access} x"
+        f" WHERE {c(EntryAccess, 'lineage_id', 'x')} = {c(Entry, 'lineage_id', 'e')})"
+    )
+    columns = ", ".join(c(Entry, name, "e") for name in _RESCORE_INPUTS)
+    marks = ", ".join(["%s"] * count)
+    read = (
+        f"SELECT {columns}, {links(False)}, {links(True)}, {', '.join(anchors)}, {readers} FROM {e} e"
+        f" WHERE {c(Entry, 'workspace', 'e')} = %s AND {c(Entry, 'is_latest', 'e')}"
+        f" AND e.{pk} IN ({marks}) ORDER BY e.{pk}" + (" FOR UPDATE OF e" if vendor == "postgresql" else "")
+    )
+    write = (
+        f"UPDATE {e} SET {rawsql.column(Entry, 'importance')} = %s, {rawsql.column(Entry, 'retention')} = %s,"
+        f" {rawsql.column(Entry, 'scored_at')} = %s WHERE {pk} = %s"
+    )
+    return read, write
+
+
 def _rescore_in_python(
     workspace: Workspace, id_list: list[int], *, now: datetime, params: DecayParams
 ) -> int:
     # The rows are locked (in id order) before their inputs are read: a concurrent write that
     # rescores one of them waits, then reads what this transaction committed, as it would
     # behind the SQL refresh's UPDATE. (SQLite serialises writes anyway.)
-    entries = list(
-        Entry.objects.filter(workspace=workspace, is_latest=True, pk__in=id_list)
-        .select_for_update(of=("self",))
-        .order_by("pk")
-        .only(
-            "lineage_id",
-            "impact_score",
-            "significance_type",
-            "trust_score",
-            "validation_status",
-            "created_at",
-            "access_count",
-            "last_accessed_at",
-            "salience",
-        )
-    )
-    if not entries:
+    read, write = _rescore_sql(connection.vendor, len(id_list))
+    with connection.cursor() as cursor:
+        cursor.execute(read, [workspace.pk, *id_list])
+        rows = cursor.fetchall()
+    if not rows:
         return 0
-    pks = [e.pk for e in entries]
-    links: dict[int, list[str]] = {pk: [] for pk in pks}
-    live = Relationship.objects.filter(pruned_at__isnull=True)
-    for pk, type_ in live.filter(counted_end("to_entry"), from_entry_id__in=pks).values_list(
-        "from_entry_id", "type"
-    ):
-        links[pk].append(type_)
-    for pk, type_ in live.filter(counted_end("from_entry"), to_entry_id__in=pks).values_list(
-        "to_entry_id", "type"
-    ):
-        links[pk].append(type_)
-    anchors: dict[int, list[str]] = {pk: [] for pk in pks}
-    for pk, status in CodeAnchor.objects.filter(entry_id__in=pks).values_list("entry_id", "status"):
-        anchors[pk].append(status)
-    readers = dict(
-        EntryAccess.objects.filter(lineage_id__in={e.lineage_id for e in entries})
-        .values("lineage_id")
-        .annotate(n=Count("pk"))
-        .values_list("lineage_id", "n")
-    )
     now_epoch = now.timestamp()
-    for e in entries:
-        age = max(0.0, scoring.days_between(now_epoch, e.created_at.timestamp()))
+    stored = connection.ops.adapt_datetimefield_value(now)
+    updates = []
+    n = len(_RESCORE_INPUTS)
+    for row in rows:
+        e = dict(zip(_RESCORE_INPUTS, rawsql.from_db_row(Entry, _RESCORE_INPUTS, row[:n]), strict=True))
+        relationship_count, causal_count, *anchor_counts, readers = row[n:]
+        age = max(0.0, scoring.days_between(now_epoch, e["created_at"].timestamp()))
         since = (
             None
-            if e.last_accessed_at is None
-            else scoring.days_between(now_epoch, e.last_accessed_at.timestamp())
+            if e["last_accessed_at"] is None
+            else scoring.days_between(now_epoch, e["last_accessed_at"].timestamp())
         )
-        e.importance = scoring.importance(
-            impact_score=e.impact_score,
-            significance_type=e.significance_type,
-            relationship_count=len(links[e.pk]),
-            causal_count=sum(1 for t in links[e.pk] if t in CAUSAL_TYPES),
+        importance = scoring.importance(
+            impact_score=e["impact_score"],
+            significance_type=e["significance_type"],
+            relationship_count=relationship_count,
+            causal_count=causal_count,
             age_days=age,
-            trust_score=e.trust_score,
-            validation_status=e.validation_status,
-            anchor_status=scoring.worst_anchor(anchors[e.pk]),
+            trust_score=e["trust_score"],
+            validation_status=e["validation_status"],
+            anchor_status=scoring.worst_anchor(
+                status for status, found in zip(AnchorStatus.values, anchor_counts, strict=True) if found
+            ),
         )
-        e.retention = scoring.retention(
+        retention = scoring.retention(
             age_days=age,
-            access_count=e.access_count,
+            access_count=e["access_count"],
             days_since_access=since,
-            salience=e.salience,
-            readers=readers.get(e.lineage_id, 0) if e.lineage_id is not None else 0,
+            salience=e["salience"],
+            readers=readers,
             params=params,
         )
-        e.scored_at = now
-    return Entry.objects.bulk_update(entries, ["importance", "retention", "scored_at"])
+        updates.append((importance, retention, stored, e["id"]))
+    with connection.cursor() as cursor:
+        cursor.executemany(write, updates)
+    return len(updates)

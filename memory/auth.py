@@ -33,6 +33,7 @@ from ninja.security.session import SessionAuth
 
 from maintenance.models import MaintenancePolicy
 from maintenance.policy import PolicyValues
+from memory import rawsql
 from memory.errors import Forbidden, ServiceError
 from memory.models import ApiKey, Membership, Role, Workspace
 from memory.services import actor_for_key, actor_for_user, hash_key
@@ -124,21 +125,13 @@ def _live_key(secret_hash: str) -> ApiKey | None:
         row = iter(cursor.fetchone() or ())
     instances: list[Model | None] = []
     for _, model in _LOOKUP:
-        fields = model._meta.concrete_fields
-        values = []
-        for field in fields:
-            # The driver's values become Python values as in the ORM's own reads (SQLite
-            # returns datetimes as text).
-            value = next(row, None)
-            col = field.get_col(model._meta.db_table)
-            converters = field.get_db_converters(connection)  # type: ignore[attr-defined]
-            for convert in [*connection.ops.get_db_converters(col), *converters]:
-                value = convert(value, col, connection) if value is not None else None
-            values.append(value)
+        names = [f.name for f in model._meta.concrete_fields]
+        # The driver's values become Python values as in the ORM's own reads (SQLite returns
+        # datetimes as text).
+        values = rawsql.from_db_row(model, names, [next(row, None) for _ in names])
         found = values[0] is not None  # the primary key
-        instances.append(
-            model.from_db(connection.alias, [f.attname for f in fields], values) if found else None
-        )
+        attnames = [f.attname for f in model._meta.concrete_fields]
+        instances.append(model.from_db(connection.alias, attnames, values) if found else None)
     key, workspace, policy = instances
     if not isinstance(key, ApiKey) or not isinstance(workspace, Workspace):
         return None

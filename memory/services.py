@@ -27,6 +27,7 @@ from maintenance.scoring import step_salience
 from maintenance.scoring_db import rescore
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import (
+    CAUSAL_TYPES,
     CONTENT_MAX,
     LIVE_STATUSES,
     TITLE_MAX,
@@ -500,10 +501,14 @@ def entry_create(
         ):
             raise Conflict(f"external_id {external_id!r} already exists in this workspace")
         targets = _link_targets(workspace, [link.to_id for link in link_list])
-        # Without links a new entry's scores depend on its own fields only: computed here and
-        # written with the INSERT (the parity test proves Python and SQL agree) instead of an
-        # UPDATE with the relationship subqueries — most of the cost of a write.
-        scores = {} if link_list else _new_entry_scores(workspace, values, anchor_list, created, now)
+        # Each (latest target, type) once: two ids of one lineage, or a link given twice, make
+        # one link (SPEC §1: an identical link is not duplicated).
+        new_links = list(dict.fromkeys((targets[link.to_id].pk, link.type) for link in link_list))
+        # A new entry's scores depend on its own fields and on the links it is created with
+        # (each target is a live latest entry, so each counts): computed here and written with
+        # the INSERT (the parity tests prove Python and SQL agree) instead of an UPDATE with
+        # the relationship subqueries — most of the cost of a write.
+        scores = _new_entry_scores(workspace, values, anchor_list, created, now, [t for _, t in new_links])
         entry = Entry(
             workspace=workspace,
             content=content,
@@ -532,14 +537,26 @@ def entry_create(
         entry.__dict__["_tag_names"] = [tag.name for tag in tag_rows]  # in the database's order
         if anchor_list:
             CodeAnchor.objects.bulk_create([a.row(entry) for a in anchor_list])
-        for link in link_list:
-            _link(entry, targets[link.to_id], link.type, actor=actor, now=now)
+        if new_links:
+            # The entry is new, so none of its links can exist yet, nor be made concurrently
+            # (no other transaction sees it): inserted at once, without _link's checks.
+            Relationship.objects.bulk_create(
+                [
+                    Relationship(
+                        workspace_id=workspace.pk,
+                        from_entry_id=entry.pk,
+                        to_entry_id=target_id,
+                        type=type_,
+                        created_at=now,
+                        created_by=actor,
+                    )
+                    for target_id, type_ in new_links
+                ]
+            )
         record_event(entry, from_status="", to_status=entry.status, reason="create", actor=actor, now=now)
-        if link_list:
-            _rescore(workspace, [entry.pk, *targets.values_ids()], now)
+        if new_links:  # each target gained a link
+            _rescore(workspace, sorted({target_id for target_id, _ in new_links}), now)
         disputes = _check_contradictions(entry, now)
-    if link_list:  # the rest of the row is what this function wrote
-        entry.refresh_from_db(fields=["importance", "retention", "scored_at"])
     entry.disputes = disputes  # type: ignore[attr-defined]  # named by the API response
     return entry
 
@@ -550,8 +567,10 @@ def _new_entry_scores(
     anchors: Sequence[AnchorIn],
     created: datetime,
     now: datetime,
+    link_types: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Stored scores of a new entry without links (no relationships, never accessed)."""
+    """Stored scores of a new entry (never accessed) created with links of ``link_types``,
+    each to a distinct live latest target."""
     worst = scoring.worst_anchor(a.status for a in anchors)
     age = (now - created).total_seconds() / 86400
     params = write_policy(workspace).decay_params
@@ -559,8 +578,8 @@ def _new_entry_scores(
         "importance": scoring.importance(
             impact_score=values.get("impact_score"),
             significance_type=values.get("significance_type"),
-            relationship_count=0,
-            causal_count=0,
+            relationship_count=len(link_types),
+            causal_count=sum(1 for t in link_types if t in CAUSAL_TYPES),
             age_days=age,
             trust_score=values.get("trust_score"),
             validation_status=values.get("validation_status") or ValidationStatus.NONE,
@@ -578,24 +597,22 @@ def _new_entry_scores(
     }
 
 
-class _Targets(dict[int, Entry]):
-    def values_ids(self) -> list[int]:
-        return [e.pk for e in self.values()]
-
-
-def _link_targets(workspace: Workspace, ids: Sequence[int]) -> _Targets:
+def _link_targets(workspace: Workspace, ids: Sequence[int]) -> dict[int, Entry]:
     """Latest versions for the given ids (an old version's id resolves to its lineage's latest)."""
-    found = _Targets()
+    found: dict[int, Entry] = {}
     if not ids:
         return found
-    rows = {e.pk: e for e in Entry.objects.filter(workspace=workspace, pk__in=set(ids))}
+    fields = ("workspace_id", "lineage_id", "is_latest", "status")  # what a link needs of them
+    rows = {e.pk: e for e in Entry.objects.filter(workspace=workspace, pk__in=set(ids)).only(*fields)}
     missing = [i for i in ids if i not in rows]
     if missing:
         raise NotFound(f"entry {missing[0]} not found")
     stale_lineages = {e.lineage_id for e in rows.values() if not e.is_latest}
     latest = {
         e.lineage_id: e
-        for e in Entry.objects.filter(workspace=workspace, lineage_id__in=stale_lineages, is_latest=True)
+        for e in Entry.objects.filter(
+            workspace=workspace, lineage_id__in=stale_lineages, is_latest=True
+        ).only(*fields)
     }
     for i, e in rows.items():
         target = e if e.is_latest else latest.get(e.lineage_id)

@@ -291,6 +291,50 @@ def test_a_new_entry_is_stored_with_the_scores_a_refresh_computes(workspace, now
     assert entry.scored_at == now
 
 
+@pytest.mark.parametrize(
+    "link_types",
+    [
+        ["references"],
+        ["caused", "blocked_by", "clarifies"],
+        ["resolved", "resolved"],
+        ["caused", "references"],
+    ],
+)
+def test_a_new_entry_created_with_links_is_stored_with_the_scores_a_refresh_computes(
+    workspace, now, link_types
+):
+    """A create with links scores the new entry in Python (its links are the ones it is
+    created with) and rescores only its targets; the SQL twin, run afterwards over the new
+    entry and every target, must find nothing to change. The targets include a staged and an
+    archived entry (both count) and an old version's id (the link goes to its latest)."""
+    from memory import services
+
+    staged = services.entry_create(workspace=workspace, content="staged", staged_class="evidence", now=now)
+    archived = services.entry_create(workspace=workspace, content="archived", now=now)
+    services.entry_set_status(
+        workspace=workspace, entry_id=archived.pk, status="archived", reason="test", now=now
+    )
+    old = services.entry_create(workspace=workspace, content="old version", now=now)
+    latest = services.entry_update(workspace=workspace, entry_id=old.pk, content="new version", now=now).entry
+    targets = [staged.pk, archived.pk, old.pk]
+    links = [{"to_id": targets[i % 3], "type": t} for i, t in enumerate(link_types)]
+    links.append({"to_id": latest.pk, "type": link_types[-1]})  # the same link as an old id's, if i % 3 == 2
+    later = now + timedelta(days=3)
+    entry = services.entry_create(
+        workspace=workspace, content="linked on write", links=links, impact_score=0.4, now=later
+    )
+    resolved = {staged.pk: staged.pk, archived.pk: archived.pk, old.pk: latest.pk, latest.pk: latest.pk}
+    expected_links = {(resolved[link["to_id"]], link["type"]) for link in links}
+    stored_links = set(Relationship.objects.filter(from_entry=entry).values_list("to_entry_id", "type"))
+    assert stored_links == expected_links  # each once, to the latest version
+    scored = [entry.pk, *{target for target, _ in expected_links}]
+    before = dict(Entry.objects.filter(pk__in=scored).values_list("pk", "importance"))
+    assert before[entry.pk] == pytest.approx(entry.importance, abs=1e-12)  # the response is the row
+    assert refresh_scores(workspace, now=later, ids=scored) == len(scored)
+    after = dict(Entry.objects.filter(pk__in=scored).values_list("pk", "importance"))
+    assert before == pytest.approx(after, abs=1e-9)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_few_ids_are_rescored_in_python_to_the_values_sql_stores(workspace, now, seed):
     # What a write rescores (itself and its neighbours) goes through Python below FEW_IDS ids;

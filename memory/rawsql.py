@@ -1,0 +1,53 @@
+"""Helpers for the few hot statements written as SQL once instead of compiled by the ORM on
+every call (the API key lookup, the rescoring of a write's entries): compiling a query costs
+~1-2 ms of CPU per call on the benchmark machine (bench/reports/api.md).
+
+What they read comes back through the same converters the ORM applies, so a raw read gives the
+Python values an ORM read gives on both databases (SQLite returns datetimes as text).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import connection
+from django.db.models import Field, Model
+
+Converter = Callable[[Any, Any, Any], Any]
+
+
+def quote(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+def table(model: type[Model]) -> str:
+    return quote(model._meta.db_table)
+
+
+def column(model: type[Model], name: str) -> str:
+    """The quoted column of ``model``'s field ``name``."""
+    field: Field[Any, Any] = model._meta.get_field(name)  # type: ignore[assignment]
+    return quote(field.column)
+
+
+@functools.cache
+def _converters(vendor: str, model: type[Model], name: str) -> tuple[Any, tuple[Converter, ...]]:
+    field: Field[Any, Any] = model._meta.get_field(name)  # type: ignore[assignment]
+    col = field.get_col(model._meta.db_table)
+    return col, (*connection.ops.get_db_converters(col), *field.get_db_converters(connection))  # type: ignore[attr-defined]
+
+
+def from_db(model: type[Model], name: str, value: Any) -> Any:
+    """The Python value of ``model``'s field ``name`` as the ORM would read ``value``."""
+    if value is None:
+        return None
+    col, converters = _converters(connection.vendor, model, name)
+    for convert in converters:
+        value = convert(value, col, connection)
+    return value
+
+
+def from_db_row(model: type[Model], names: Sequence[str], values: Sequence[Any]) -> list[Any]:
+    return [from_db(model, name, value) for name, value in zip(names, values, strict=True)]
