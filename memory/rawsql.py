@@ -9,7 +9,7 @@ Python values an ORM read gives on both databases (SQLite returns datetimes as t
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from django.db import connection
@@ -51,3 +51,24 @@ def from_db(model: type[Model], name: str, value: Any) -> Any:
 
 def from_db_row(model: type[Model], names: Sequence[str], values: Sequence[Any]) -> list[Any]:
     return [from_db(model, name, value) for name, value in zip(names, values, strict=True)]
+
+
+def insert_values(instance: Model, computed: Mapping[str, str]) -> tuple[list[str], list[str], list[Any]]:
+    """The quoted columns, value expressions and parameters of an INSERT of ``instance``, each
+    field's value prepared as Django's insert compiler prepares it (``pre_save``, then
+    ``get_db_prep_save``). A field in ``computed`` (by attname) takes that SQL expression
+    instead; generated fields are the database's, and an unset primary key is left out."""
+    columns, values, params = [], [], []
+    for field in instance._meta.concrete_fields:
+        if getattr(field, "generated", False):
+            continue
+        if field.attname in computed:
+            columns.append(quote(field.column))
+            values.append(computed[field.attname])
+        elif field.primary_key and getattr(instance, field.attname) is None:
+            continue
+        else:
+            columns.append(quote(field.column))
+            values.append("%s")
+            params.append(field.get_db_prep_save(field.pre_save(instance, True), connection))
+    return columns, values, params

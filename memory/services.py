@@ -7,6 +7,7 @@ change, and refreshes the stored scores of every entry whose score inputs it cha
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import secrets
@@ -25,6 +26,7 @@ from maintenance.models import MaintenancePolicy
 from maintenance.policy import PolicyValues
 from maintenance.scoring import step_salience
 from maintenance.scoring_db import rescore
+from memory import rawsql
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import (
     CAUSAL_TYPES,
@@ -175,7 +177,7 @@ def _reserve_entry_id() -> int | None:
         return int(cursor.fetchone()[0])
 
 
-def record_event(
+def new_event(
     entry: Entry,
     *,
     from_status: str,
@@ -187,7 +189,8 @@ def record_event(
     automatic: bool = False,
     details: Mapping[str, Any] | None = None,
 ) -> LifecycleEvent:
-    return LifecycleEvent.objects.create(
+    """The lifecycle event of a change of ``entry`` (not saved)."""
+    return LifecycleEvent(
         workspace_id=entry.workspace_id,
         entry=entry,
         entry_ref=entry.pk,
@@ -200,6 +203,12 @@ def record_event(
         created_at=now,
         details=dict(details or {}),
     )
+
+
+def record_event(entry: Entry, **event: Any) -> LifecycleEvent:
+    recorded = new_event(entry, **event)
+    recorded.save(force_insert=True)
+    return recorded
 
 
 def _set_status(
@@ -493,72 +502,173 @@ def entry_create(
         _choice(staged_class, StagedClass.values, "staged_class")
     created = created_at or now
 
-    with transaction.atomic():
-        external_id = values.get("external_id")
-        if (
-            external_id
-            and Entry.objects.filter(workspace=workspace, external_id=external_id, is_latest=True).exists()
-        ):
-            raise Conflict(f"external_id {external_id!r} already exists in this workspace")
-        targets = _link_targets(workspace, [link.to_id for link in link_list])
-        # Each (latest target, type) once: two ids of one lineage, or a link given twice, make
-        # one link (SPEC §1: an identical link is not duplicated).
-        new_links = list(dict.fromkeys((targets[link.to_id].pk, link.type) for link in link_list))
-        # A new entry's scores depend on its own fields and on the links it is created with
-        # (each target is a live latest entry, so each counts): computed here and written with
-        # the INSERT (the parity tests prove Python and SQL agree) instead of an UPDATE with
-        # the relationship subqueries — most of the cost of a write.
-        scores = _new_entry_scores(workspace, values, anchor_list, created, now, [t for _, t in new_links])
-        entry = Entry(
-            workspace=workspace,
-            content=content,
-            content_hash=content_hash(content),
-            status=Status.STAGED if staged_class else Status.ACTIVE,
-            staged_class=staged_class,
-            ttl_expires_at=created + timedelta(days=STAGED_TTL_DAYS[StagedClass(staged_class)])
-            if staged_class
-            else None,
-            created_at=created,
-            updated_at=now,
-            status_changed_at=created,
-            **scores,
-            **values,
-        )
-        entry.pk = entry.lineage_id = _reserve_entry_id()
-        entry.save(force_insert=entry.pk is not None)
-        if entry.lineage_id is None:  # SQLite: the id is known once the row exists
-            entry.lineage_id = entry.pk
-            Entry.objects.filter(pk=entry.pk).update(lineage_id=entry.pk)
-        tag_rows = tags_for_names(workspace, tag_names)
-        if tag_rows:  # a new entry has no tags yet: insert the links without tags.set()'s diff
-            Entry.tags.through.objects.bulk_create(
-                [Entry.tags.through(entry_id=entry.pk, tag_id=tag.pk) for tag in tag_rows]
-            )
-        entry.__dict__["_tag_names"] = [tag.name for tag in tag_rows]  # in the database's order
-        if anchor_list:
-            CodeAnchor.objects.bulk_create([a.row(entry) for a in anchor_list])
-        if new_links:
-            # The entry is new, so none of its links can exist yet, nor be made concurrently
-            # (no other transaction sees it): inserted at once, without _link's checks.
-            Relationship.objects.bulk_create(
-                [
-                    Relationship(
-                        workspace_id=workspace.pk,
-                        from_entry_id=entry.pk,
-                        to_entry_id=target_id,
-                        type=type_,
-                        created_at=now,
-                        created_by=actor,
-                    )
-                    for target_id, type_ in new_links
-                ]
-            )
-        record_event(entry, from_status="", to_status=entry.status, reason="create", actor=actor, now=now)
-        if new_links:  # each target gained a link
-            _rescore(workspace, sorted({target_id for target_id, _ in new_links}), now)
-        disputes = _check_contradictions(entry, now)
+    # Reads first (READ COMMITTED: inside the transaction they would see the same).
+    external_id = values.get("external_id")
+    if (
+        external_id
+        and Entry.objects.filter(workspace=workspace, external_id=external_id, is_latest=True).exists()
+    ):
+        raise Conflict(f"external_id {external_id!r} already exists in this workspace")
+    targets = _link_targets(workspace, [link.to_id for link in link_list])
+    # Each (latest target, type) once: two ids of one lineage, or a link given twice, make
+    # one link (SPEC §1: an identical link is not duplicated).
+    new_links = list(dict.fromkeys((targets[link.to_id].pk, link.type) for link in link_list))
+    # A new entry's scores depend on its own fields and on the links it is created with (each
+    # target is a live latest entry, so each counts): computed here and written with the
+    # INSERT (the parity tests prove Python and SQL agree) instead of an UPDATE with the
+    # relationship subqueries — most of the cost of a write.
+    scores = _new_entry_scores(workspace, values, anchor_list, created, now, [t for _, t in new_links])
+    entry = Entry(
+        workspace=workspace,
+        content=content,
+        content_hash=content_hash(content),
+        status=Status.STAGED if staged_class else Status.ACTIVE,
+        staged_class=staged_class,
+        ttl_expires_at=created + timedelta(days=STAGED_TTL_DAYS[StagedClass(staged_class)])
+        if staged_class
+        else None,
+        created_at=created,
+        updated_at=now,
+        status_changed_at=created,
+        **scores,
+        **values,
+    )
+    existing_tags = _existing_tags(workspace, tag_names)
+    event = {"from_status": "", "to_status": entry.status, "reason": "create", "actor": actor, "now": now}
+    try:
+        if _in_one_statement(entry, existing_tags, new_links):
+            # Atomic by itself; inside a caller's transaction it takes a savepoint, as the
+            # ORM route's atomic() does, so a failure leaves the caller's transaction usable.
+            with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
+                _insert_in_one_statement(entry, existing_tags or [], anchor_list, event)
+            disputes: list[Any] = []
+        else:
+            with transaction.atomic():
+                tag_rows = tags_for_names(workspace, tag_names) if existing_tags is None else existing_tags
+                _insert(entry, tag_rows, anchor_list, event)
+                if new_links:
+                    _insert_links(entry, new_links, actor=actor, now=now)
+                    _rescore(workspace, sorted({target_id for target_id, _ in new_links}), now)
+                disputes = _check_contradictions(entry, now)
+    except IntegrityError as exc:  # a concurrent writer took the external id first
+        if external_id and "external_id" in str(exc):  # the constraint (PG) or columns (SQLite)
+            raise Conflict(f"external_id {external_id!r} already exists in this workspace") from None
+        raise
     entry.disputes = disputes  # type: ignore[attr-defined]  # named by the API response
     return entry
+
+
+def _existing_tags(workspace: Workspace, names: Sequence[str]) -> list[Tag] | None:
+    """The workspace's Tag rows for ``names`` if all exist (one query), else None."""
+    if not names:
+        return []
+    found = list(Tag.objects.filter(workspace=workspace, name__in=names))
+    return found if len(found) == len(set(names)) else None
+
+
+def _in_one_statement(entry: Entry, existing_tags: list[Tag] | None, new_links: Sequence[Any]) -> bool:
+    """The common write on PostgreSQL (no links, no new tags, nothing to check for
+    contradictions) is one statement, atomic by itself; the rest goes through the ORM in a
+    transaction."""
+    return (
+        connection.vendor == "postgresql"
+        and existing_tags is not None
+        and not new_links
+        and not _checked_on_write(entry)
+    )
+
+
+def _checked_on_write(entry: Entry) -> bool:
+    from maintenance import contradictions  # maintenance imports this module
+
+    return contradictions.checked_on_write(entry)
+
+
+def _insert(
+    entry: Entry, tag_rows: Sequence[Tag], anchors: Sequence[AnchorIn], event: dict[str, Any]
+) -> None:
+    """A new entry's row, tag links, anchors and creation event, through the ORM (inside the
+    caller's transaction)."""
+    entry.pk = entry.lineage_id = _reserve_entry_id()
+    entry.save(force_insert=entry.pk is not None)
+    if entry.lineage_id is None:  # SQLite: the id is known once the row exists
+        entry.lineage_id = entry.pk
+        Entry.objects.filter(pk=entry.pk).update(lineage_id=entry.pk)
+    if tag_rows:  # a new entry has no tags yet: insert the links without tags.set()'s diff
+        Entry.tags.through.objects.bulk_create(
+            [Entry.tags.through(entry_id=entry.pk, tag_id=tag.pk) for tag in tag_rows]
+        )
+    entry.__dict__["_tag_names"] = [tag.name for tag in tag_rows]
+    if anchors:
+        CodeAnchor.objects.bulk_create([a.row(entry) for a in anchors])
+    record_event(entry, **event)
+
+
+def _insert_in_one_statement(
+    entry: Entry, tag_rows: Sequence[Tag], anchors: Sequence[AnchorIn], event: dict[str, Any]
+) -> None:
+    """PostgreSQL: what ``_insert`` writes, as one statement (data-modifying CTEs: the row
+    with an id drawn from the sequence, which is also its lineage; its tag links, anchors and
+    creation event), atomic by itself: no BEGIN/COMMIT round trips and nothing for the ORM to
+    compile. Every value is prepared as the ORM prepares it (``rawsql.insert_values``);
+    ``tests/test_services.py`` proves both routes write the same rows."""
+    q = rawsql.quote
+    drawn = "(SELECT id FROM n)"
+    columns, values, params = rawsql.insert_values(entry, {"id": drawn, "lineage_id": drawn})
+    parts = [
+        f"n AS (SELECT nextval(pg_get_serial_sequence('{Entry._meta.db_table}', 'id')) AS id)",
+        f"e AS (INSERT INTO {rawsql.table(Entry)} ({', '.join(columns)}) VALUES ({', '.join(values)})"
+        f" RETURNING {q('id')})",
+    ]
+    if tag_rows:
+        through = Entry.tags.through
+        parts.append(
+            f"t AS (INSERT INTO {rawsql.table(through)}"
+            f" ({rawsql.column(through, 'entry')}, {rawsql.column(through, 'tag')})"
+            f" SELECT e.{q('id')}, unnest(%s::bigint[]) FROM e)"
+        )
+        params.append([tag.pk for tag in tag_rows])
+    created = "(SELECT id FROM e)"
+    # One INSERT per table, its rows in the order given (the anchors keep their order).
+    groups: list[list[Any]] = [[a.row(entry) for a in anchors], [new_event(entry, **event)]]
+    for i, rows in enumerate(group for group in groups if group):
+        computed = {"entry_id": created}
+        if isinstance(rows[0], LifecycleEvent):
+            computed["entry_ref"] = created
+        tuples = []
+        for row in rows:
+            row_columns, row_values, row_params = rawsql.insert_values(row, computed)
+            tuples.append(f"({', '.join(row_values)})")
+            params.extend(row_params)
+        parts.append(
+            f"r{i} AS (INSERT INTO {rawsql.table(type(rows[0]))} ({', '.join(row_columns)})"
+            f" VALUES {', '.join(tuples)})"
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {', '.join(parts)} SELECT {q('id')} FROM e", params)
+        entry.pk = entry.lineage_id = int(cursor.fetchone()[0])
+    entry._state.adding = False
+    entry._state.db = connection.alias
+    entry.__dict__["_tag_names"] = [tag.name for tag in tag_rows]
+
+
+def _insert_links(entry: Entry, new_links: Sequence[tuple[int, str]], *, actor: str, now: datetime) -> None:
+    """The links a new entry is created with. None of them can exist yet, nor be made
+    concurrently (no other transaction sees the entry): inserted at once, without _link's
+    checks."""
+    Relationship.objects.bulk_create(
+        [
+            Relationship(
+                workspace_id=entry.workspace_id,
+                from_entry_id=entry.pk,
+                to_entry_id=target_id,
+                type=type_,
+                created_at=now,
+                created_by=actor,
+            )
+            for target_id, type_ in new_links
+        ]
+    )
 
 
 def _new_entry_scores(
@@ -655,7 +765,7 @@ def _check_contradictions(entry: Entry, now: datetime) -> list[Any]:
     before the write returns; the open disputes it is part of are returned."""
     from maintenance import contradictions  # maintenance imports this module
 
-    if not contradictions.checked_on_write(entry):
+    if not _checked_on_write(entry):
         return []
     return contradictions.check_on_write(entry, now=now)
 

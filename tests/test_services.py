@@ -6,6 +6,7 @@ import math
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 
 from maintenance import scoring
 from maintenance.models import MaintenancePolicy
@@ -1273,3 +1274,99 @@ def test_a_page_read_names_its_tags_until_the_entry_is_read_again(workspace):
     assert page[0].tag_names == ["alpha"]  # as the page read them
     page[0].refresh_from_db()
     assert page[0].tag_names == []
+
+
+# --- the one-statement write (PostgreSQL) --------------------------------------------------------
+
+
+def _written(entry):
+    """What a create wrote, without the ids it drew: the row, its tags, anchors and event."""
+    row = Entry.objects.filter(pk=entry.pk).values().get()
+    drop = {"id", "lineage_id", "content", "content_hash", "external_id"}
+    if "search_vector" in row:
+        row["search_vector"] = str(row["search_vector"]).replace(entry.content, "")
+    anchors = list(entry.anchors.order_by("pk").values())
+    for anchor in anchors:
+        anchor.pop("created_at")  # the clock when the row object was made, in both routes
+    events = list(LifecycleEvent.objects.filter(entry=entry).values())
+    for item in (*anchors, *events):
+        for key in ("id", "entry_id", "entry_ref"):
+            item.pop(key, None)
+    return (
+        {k: v for k, v in row.items() if k not in drop},
+        sorted(entry.tags.values_list("name", flat=True)),
+        anchors,
+        events,
+    )
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement write is PostgreSQL's")
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"tags": ["a", "b"], "title": "t", "impact_score": 0.7, "salience": 2.0, "expires_at": None},
+        {
+            "tags": ["a"],
+            "anchors": [
+                {"path": "x.py", "line_start": 3, "line_end": 9, "status": "stale"},
+                {"path": "y.py"},
+            ],
+            "staged_class": "evidence",
+            "metadata": {"k": [1, "two", None]},
+            "significance_type": "security",
+            "session_key": "s-1",
+        },
+    ],
+)
+def test_the_one_statement_write_stores_what_the_orm_write_stores(workspace, now, monkeypatch, fields):
+    services.tags_for_names(workspace, ["a", "b"])  # existing tags: the one-statement route
+    routes = []
+    real = services._in_one_statement
+
+    def one_statement(*args):
+        routes.append(real(*args))
+        return routes[-1]
+
+    monkeypatch.setattr(services, "_in_one_statement", one_statement)
+    fast = make(workspace, now, "written in one statement", external_id="fast", **fields)
+    monkeypatch.setattr(services, "_in_one_statement", lambda *args: False)
+    slow = make(workspace, now, "written in one statement", external_id="slow", **fields)
+    assert routes == [True]
+    assert fast.lineage_id == fast.pk and reload(fast).lineage_id == fast.pk
+    assert _written(fast) == _written(slow)
+    assert fast.tag_names == slow.tag_names  # the response names the same tags
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement write is PostgreSQL's")
+def test_a_write_with_a_new_tag_or_a_link_goes_through_the_orm(workspace, now, monkeypatch):
+    target = make(workspace, now, "target")
+    routes = []
+    real = services._in_one_statement
+    monkeypatch.setattr(services, "_in_one_statement", lambda *args: routes.append(real(*args)) or routes[-1])
+    make(workspace, now, "new tag", tags=["brand-new"])
+    make(workspace, now, "linked", links=[{"to_id": target.pk}])
+    make(workspace, now, "rule", entry_type="rule", tier="constitutional")
+    make(workspace, now, "plain", tags=["brand-new"])
+    assert routes == [False, False, False, True]
+
+
+def test_a_concurrent_duplicate_external_id_is_a_conflict_not_an_error(workspace, now, monkeypatch):
+    # Another writer takes the id between the check and the insert: the unique index answers,
+    # and the service says 409 as for a duplicate it saw.
+    make(workspace, now, "first", external_id="dup")
+    real_filter = Entry.objects.filter
+
+    class Unseen:
+        def exists(self):
+            return False
+
+    monkeypatch.setattr(
+        Entry.objects,
+        "filter",
+        lambda *a, **k: Unseen() if k.get("external_id") == "dup" else real_filter(*a, **k),
+    )
+    before = snapshot()
+    with pytest.raises(Conflict):
+        make(workspace, now, "second", external_id="dup")
+    assert snapshot() == before
