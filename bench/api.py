@@ -52,7 +52,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from machine import cpu_model, ram_gib  # bench/machine.py
+from machine import cpu_model, python_loop_seconds, ram_gib  # bench/machine.py
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -513,6 +513,8 @@ def wait_quiet(max_seconds: float, threshold: float) -> tuple[float, tuple[float
 def run(args: argparse.Namespace) -> int:
     load_start = loadavg()
     started = datetime.now(UTC)
+    loop_seconds = python_loop_seconds()
+    log(f"python yardstick: 10M-step loop in {loop_seconds:.2f} s CPU")
     env = server_env(args, args.server_env)
     # This process uses the same settings as the server (the diagnostics time its code paths).
     for k in (
@@ -601,6 +603,7 @@ def run(args: argparse.Namespace) -> int:
         passes=passes,
         load_start=load_start,
         load_end=load_end,
+        loop_seconds=loop_seconds,
         waited=waited,
         diagnosis=diagnosis,
     )
@@ -1039,7 +1042,9 @@ def render(**kw: Any) -> str:
         "## Setup",
         "",
         f"- machine: {cpu_model()}, {cores} logical CPUs, {ram_gib():.0f} GiB RAM; {platform.platform()}; "
-        f"Python {platform.python_version()}",
+        f"Python {platform.python_version()}; yardstick (`bench/machine.py`: a 10,000,000-step "
+        f"Python loop, best of 3, before the load) {kw['loop_seconds']:.2f} s of CPU — compare it "
+        "before comparing two reports' numbers",
         f"- database: PostgreSQL {facts.get('version', '?')} on the same machine (loopback TCP), "
         "stock settings "
         f"(shared_buffers {facts.get('shared_buffers')}, work_mem {facts.get('work_mem')}, "

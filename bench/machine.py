@@ -24,3 +24,19 @@ def ram_gib() -> float:
     except OSError:
         pass
     return float("nan")
+
+
+def python_loop_seconds(n: int = 10_000_000) -> float:
+    """CPU seconds this interpreter takes to sum ``n`` integers in a plain loop: a yardstick
+    for comparing reports from machines (or moments of a shared virtual machine) that differ
+    in speed. Best of three."""
+    import time
+
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        total = 0
+        for i in range(n):
+            total += i
+        best = min(best, time.process_time() - start)
+    return best
