@@ -55,7 +55,9 @@ class EpochSeconds(Func):
 
     SQLite's julianday() keeps only milliseconds, which would break parity; Django stores
     datetimes there as 'YYYY-MM-DD HH:MM:SS[.ffffff]' in UTC, so whole seconds come from
-    strftime('%s') and the microseconds from the text itself.
+    strftime('%s') of the text without its fraction (given the fraction, SQLite rounds to
+    the millisecond first: '...:59.9996' became the next second) and the microseconds from
+    the text itself.
     """
 
     output_field = FloatField()
@@ -64,7 +66,7 @@ class EpochSeconds(Func):
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
         sql, params = compiler.compile(self.source_expressions[0])
         return (
-            f"(CAST(strftime('%%s', {sql}) AS REAL) + "
+            f"(CAST(strftime('%%s', substr({sql}, 1, 19)) AS REAL) + "
             f"COALESCE(CAST(NULLIF(substr({sql}, 21, 6), '') AS REAL), 0.0) / 1000000.0)",
             (*params, *params),
         )

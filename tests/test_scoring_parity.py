@@ -388,3 +388,17 @@ def test_rescoring_few_ids_locks_their_rows_first(workspace, now):
 
     first_read = next(q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT"))
     assert ("FOR UPDATE" in first_read) is (connection.vendor == "postgresql")
+
+
+@pytest.mark.parametrize("micro", [999_600, 999_999, 500_000, 1])
+def test_a_timestamp_just_below_a_whole_second_keeps_its_second(workspace, now, micro):
+    # SQLite's strftime('%s') of '...:59.9996' rounded to the next second (it works in
+    # milliseconds): the SQL age was a second short and importance off by ~2e-8. Found by the
+    # Hypothesis parity test above (seed 29116).
+    created = now - timedelta(days=3, seconds=1) + timedelta(microseconds=micro)
+    entry = services.entry_create(workspace=workspace, content="edge", now=now, created_at=created)
+    written = Entry.objects.values_list("importance", flat=True).get(pk=entry.pk)
+    refresh_scores(workspace, now=now, ids=[entry.pk])
+    assert Entry.objects.values_list("importance", flat=True).get(pk=entry.pk) == pytest.approx(
+        written, abs=1e-12
+    )
