@@ -43,13 +43,20 @@ class SyncStackASGIHandler(ASGIHandler):
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
-        executor = self._idle.pop() if self._idle else ThreadPoolExecutor(1, "request")
+        try:
+            executor = self._idle.pop()
+        except IndexError:
+            executor = ThreadPoolExecutor(1, "request")
+        finished = False
         try:
             # Every thread-sensitive call of this request runs on this executor's one thread.
             async with ThreadSensitiveContext(executor=executor):
                 await self.handle(scope, receive, send)
+            finished = True
         finally:
-            if len(self._idle) < IDLE_THREADS_KEPT:
+            # A cancelled request may still be running on its thread: that thread is not
+            # handed to the next request.
+            if finished and len(self._idle) < IDLE_THREADS_KEPT:
                 self._idle.append(executor)
             else:
                 executor.shutdown(wait=False)

@@ -260,6 +260,8 @@ def rescore(workspace: Workspace, ids: Iterable[int], *, now: datetime, params: 
     """``refresh_scores`` for the latest entries among ``ids`` (what a write changed). Returns
     how many rows were scored. The parity test proves both routes store the same values."""
     id_list = sorted(set(ids))
+    if not id_list:
+        return 0
     if len(id_list) > FEW_IDS:
         return refresh_scores(workspace, now=now, params=params, ids=id_list)
     with transaction.atomic():

@@ -126,6 +126,8 @@ class RelationshipType(models.TextChoices):
     DUPLICATES = "duplicates"
 
 
+EXTERNAL_ID_UNIQUE = "entry_external_id_unique_per_workspace"
+
 CAUSAL_TYPES = (RelationshipType.BLOCKED_BY, RelationshipType.RESOLVED, RelationshipType.CAUSED)
 
 
@@ -314,7 +316,7 @@ class Entry(models.Model):
             models.UniqueConstraint(
                 fields=["workspace", "external_id"],
                 condition=Q(is_latest=True, external_id__isnull=False),
-                name="entry_external_id_unique_per_workspace",
+                name=EXTERNAL_ID_UNIQUE,
             ),
             _choices_check("status", Status, "entry_status_valid"),
             _choices_check("tier", Tier, "entry_tier_valid"),

@@ -334,8 +334,9 @@ def _search_postgresql(workspace_id: int, parsed: ParsedQuery, statuses: list[st
         ),
     }
     with connection.cursor() as cursor:
-        # The values are bound client-side (into the SQL text), so the planner sees the
-        # query's words and estimates its matches from the tsvector statistics.
+        # EXPLAIN plans with the values given (bound client-side into the text, or as
+        # parameters with DB_PREPARED), so the planner sees the query's words and estimates
+        # its matches from the tsvector statistics.
         cursor.execute("EXPLAIN (FORMAT JSON) SELECT 1" + _POSTGRESQL_MATCHES, params)
         plan = cursor.fetchone()[0]
         plan = json.loads(plan) if isinstance(plan, str) else plan

@@ -31,6 +31,7 @@ from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import (
     CAUSAL_TYPES,
     CONTENT_MAX,
+    EXTERNAL_ID_UNIQUE,
     LIVE_STATUSES,
     TITLE_MAX,
     AnchorStatus,
@@ -502,60 +503,74 @@ def entry_create(
         _choice(staged_class, StagedClass.values, "staged_class")
     created = created_at or now
 
-    # Reads first (READ COMMITTED: inside the transaction they would see the same).
-    external_id = values.get("external_id")
-    if (
-        external_id
-        and Entry.objects.filter(workspace=workspace, external_id=external_id, is_latest=True).exists()
-    ):
-        raise Conflict(f"external_id {external_id!r} already exists in this workspace")
-    targets = _link_targets(workspace, [link.to_id for link in link_list])
-    # Each (latest target, type) once: two ids of one lineage, or a link given twice, make
-    # one link (SPEC §1: an identical link is not duplicated).
-    new_links = list(dict.fromkeys((targets[link.to_id].pk, link.type) for link in link_list))
-    # A new entry's scores depend on its own fields and on the links it is created with (each
-    # target is a live latest entry, so each counts): computed here and written with the
-    # INSERT (the parity tests prove Python and SQL agree) instead of an UPDATE with the
-    # relationship subqueries — most of the cost of a write.
-    scores = _new_entry_scores(workspace, values, anchor_list, created, now, [t for _, t in new_links])
-    entry = Entry(
-        workspace=workspace,
-        content=content,
-        content_hash=content_hash(content),
-        status=Status.STAGED if staged_class else Status.ACTIVE,
-        staged_class=staged_class,
-        ttl_expires_at=created + timedelta(days=STAGED_TTL_DAYS[StagedClass(staged_class)])
-        if staged_class
-        else None,
-        created_at=created,
-        updated_at=now,
-        status_changed_at=created,
-        **scores,
-        **values,
-    )
-    existing_tags = _existing_tags(workspace, tag_names)
-    event = {"from_status": "", "to_status": entry.status, "reason": "create", "actor": actor, "now": now}
-    try:
-        if _in_one_statement(entry, existing_tags, new_links):
-            # Atomic by itself; inside a caller's transaction it takes a savepoint, as the
-            # ORM route's atomic() does, so a failure leaves the caller's transaction usable.
-            with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
-                _insert_in_one_statement(entry, existing_tags or [], anchor_list, event)
-            disputes: list[Any] = []
-        else:
-            with transaction.atomic():
-                tag_rows = tags_for_names(workspace, tag_names) if existing_tags is None else existing_tags
-                _insert(entry, tag_rows, anchor_list, event)
-                if new_links:
-                    _insert_links(entry, new_links, actor=actor, now=now)
-                    _rescore(workspace, sorted({target_id for target_id, _ in new_links}), now)
-                disputes = _check_contradictions(entry, now)
-    except IntegrityError as exc:  # a concurrent writer took the external id first
-        if external_id and "external_id" in str(exc):  # the constraint (PG) or columns (SQLite)
-            raise Conflict(f"external_id {external_id!r} already exists in this workspace") from None
-        raise
+    # PostgreSQL: the reads run before the write (READ COMMITTED: inside its transaction they
+    # would see the same). SQLite: reads and write share one IMMEDIATE transaction, under the
+    # write lock, so no writer changes a target in between.
+    with contextlib.nullcontext() if connection.vendor == "postgresql" else transaction.atomic():
+        external_id = values.get("external_id")
+        if (
+            external_id
+            and Entry.objects.filter(workspace=workspace, external_id=external_id, is_latest=True).exists()
+        ):
+            raise Conflict(f"external_id {external_id!r} already exists in this workspace")
+        targets = _link_targets(workspace, [link.to_id for link in link_list])
+        # Each (latest target, type) once: two ids of one lineage, or a link given twice, make
+        # one link (SPEC §1: an identical link is not duplicated).
+        new_links = list(dict.fromkeys((targets[link.to_id].pk, link.type) for link in link_list))
+        # A new entry's scores depend on its own fields and on the links it is created with (each
+        # target is a live latest entry, so each counts): computed here and written with the
+        # INSERT (the parity tests prove Python and SQL agree) instead of an UPDATE with the
+        # relationship subqueries — most of the cost of a write.
+        scores = _new_entry_scores(workspace, values, anchor_list, created, now, [t for _, t in new_links])
+        entry = Entry(
+            workspace=workspace,
+            content=content,
+            content_hash=content_hash(content),
+            status=Status.STAGED if staged_class else Status.ACTIVE,
+            staged_class=staged_class,
+            ttl_expires_at=created + timedelta(days=STAGED_TTL_DAYS[StagedClass(staged_class)])
+            if staged_class
+            else None,
+            created_at=created,
+            updated_at=now,
+            status_changed_at=created,
+            **scores,
+            **values,
+        )
+        existing_tags = _existing_tags(workspace, tag_names)
+        event = {"from_status": "", "to_status": entry.status, "reason": "create", "actor": actor, "now": now}
+        try:
+            if _in_one_statement(entry, existing_tags, new_links):
+                # Atomic by itself; inside a caller's transaction it takes a savepoint, as the
+                # ORM route's atomic() does, so a failure leaves the caller's transaction usable.
+                with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
+                    _insert_in_one_statement(entry, existing_tags or [], anchor_list, event)
+                disputes: list[Any] = []
+            else:
+                with transaction.atomic():
+                    tag_rows = (
+                        tags_for_names(workspace, tag_names) if existing_tags is None else existing_tags
+                    )
+                    _insert(entry, tag_rows, anchor_list, event)
+                    if new_links:
+                        _insert_links(entry, new_links, actor=actor, now=now)
+                        _rescore(workspace, sorted({target_id for target_id, _ in new_links}), now)
+                    disputes = _check_contradictions(entry, now)
+        except IntegrityError as exc:  # a concurrent writer took the external id first
+            if external_id and _violates_external_id(exc):
+                raise Conflict(f"external_id {external_id!r} already exists in this workspace") from None
+            raise
     entry.disputes = disputes  # type: ignore[attr-defined]  # named by the API response
     return entry
+
+
+def _violates_external_id(exc: IntegrityError) -> bool:
+    """The error is the unique external id's: by constraint name on PostgreSQL, by columns on
+    SQLite (whose message names them)."""
+    diag = getattr(exc.__cause__, "diag", None)
+    if diag is not None:
+        return bool(diag.constraint_name == EXTERNAL_ID_UNIQUE)
+    return str(exc).endswith("memory_entry.workspace_id, memory_entry.external_id")
 
 
 def _existing_tags(workspace: Workspace, names: Sequence[str]) -> list[Tag] | None:

@@ -124,3 +124,38 @@ def test_a_slow_request_does_not_hold_up_another():
     assert (slow_status, fast_status) == (404, 404)
     assert fast_done.is_set()
     assert overtaken  # the fast request finished while the slow one was still held
+
+
+def test_a_cancelled_request_does_not_hand_its_busy_thread_to_the_next():
+    release = threading.Event()
+    held: list[int] = []
+    after: list[int] = []
+
+    def started(sender: Any, scope: dict[str, Any], **kwargs: Any) -> None:
+        if scope["path"] == "/held-request":
+            held.append(threading.get_ident())
+            release.wait(10)
+        elif scope["path"] == "/after-request":
+            after.append(threading.get_ident())
+
+    async def main() -> int:
+        task = asyncio.ensure_future(_get("/held-request"))
+        await asyncio.sleep(0.1)  # its thread is busy in request_started now
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        status = await _get("/after-request")
+        release.set()
+        return status
+
+    signals.request_started.connect(started)
+    try:
+        status = _run(main)
+    finally:
+        release.set()
+        signals.request_started.disconnect(started)
+    assert status == 404
+    assert held and after
+    assert after[0] != held[0]  # the next request got a thread of its own, not the busy one
