@@ -149,7 +149,8 @@ elif _db["ENGINE"] == "django.db.backends.postgresql" and env_bool("DB_POOL", Tr
         # prepared there (psycopg's prepare_threshold): PostgreSQL stops parsing and planning
         # the API's repeated statements on every request. bench/reports/api.md: create +26 %,
         # get +40 %, list +9 %, search unchanged. Set DB_PREPARED=0 behind a pooler that cannot
-        # keep prepared statements (PgBouncer in transaction mode before 1.21).
+        # keep prepared statements (PgBouncer in transaction mode before 1.21, or without
+        # max_prepared_statements).
         _db["OPTIONS"].update(server_side_binding=True, prepare_threshold=5)
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
