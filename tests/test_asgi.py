@@ -103,13 +103,19 @@ def test_a_slow_request_does_not_hold_up_another():
     release = threading.Event()
     fast_done = threading.Event()
 
+    holding: list[int] = []
+
     def started(sender: Any, scope: dict[str, Any], **kwargs: Any) -> None:
         if scope["path"] == "/slow-request":
+            holding.append(threading.get_ident())
             release.wait(10)
 
     async def main() -> tuple[int, int, bool]:
         slow = asyncio.ensure_future(_get("/slow-request"))
-        await asyncio.sleep(0.05)  # the slow request holds its thread now
+        for _ in range(500):  # until the slow request holds its thread
+            if holding:
+                break
+            await asyncio.sleep(0.01)
         fast = await _get("/fast-request")
         fast_done.set()
         overtaken = not slow.done()
@@ -141,7 +147,10 @@ def test_a_cancelled_request_does_not_hand_its_busy_thread_to_the_next():
 
     async def main() -> int:
         task = asyncio.ensure_future(_get("/held-request"))
-        await asyncio.sleep(0.1)  # its thread is busy in request_started now
+        for _ in range(500):  # until its thread is busy in request_started
+            if held:
+                break
+            await asyncio.sleep(0.01)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
