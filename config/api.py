@@ -14,6 +14,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from maintenance.api import router as maintenance_router
 from maintenance.api_quality import router as quality_router
+from memory.api import reject_repeated_query_parameters
 from memory.api import router as memory_router
 from memory.api_search import router as search_router
 from memory.auth import API_AUTH, RateLimited
@@ -79,6 +80,8 @@ def health(request: HttpRequest) -> dict[str, str]:
     return {"status": "ok"}
 
 
+for _router in (memory_router, maintenance_router, quality_router, search_router):
+    _router.add_decorator(reject_repeated_query_parameters, mode="view")
 api.add_router("/", memory_router)
 api.add_router("/", maintenance_router)
 api.add_router("/", quality_router)

@@ -71,6 +71,23 @@ def _reject_oversized_bodies(run: Callable[..., HttpResponseBase]) -> Callable[.
     return wrapper
 
 
+def reject_repeated_query_parameters(run: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+    """Answer 422 when a query parameter is given more than once: every one of the API's is
+    a single value, and taking the last of several (Django's way) would accept a request the
+    published schema forbids."""
+
+    @functools.wraps(run)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        for name, values in request.GET.lists():
+            if len(values) > 1:
+                return JsonResponse(
+                    {"detail": f"query parameter {name!r} is given more than once"}, status=422
+                )
+        return run(request, *args, **kwargs)
+
+    return wrapper
+
+
 # "view" mode wraps the whole operation, before authentication and body parsing.
 router.add_decorator(_reject_oversized_bodies, mode="view")
 

@@ -914,3 +914,14 @@ def test_a_write_scores_with_the_policy_its_own_request_read(workspace, agent):
         assert len(policy_reads) == 1 and "memory_apikey" in policy_reads[0]
         retentions.append(Entry.objects.get(pk=response.body["id"]).retention)
     assert retentions == [pytest.approx(0.5), pytest.approx(1.5)]
+
+
+@pytest.mark.parametrize(
+    "path", ["/entries?project=a&project=b", "/search?q=x&q=y", "/maintenance/runs?limit=1&limit=2"]
+)
+def test_a_query_parameter_given_twice_is_refused(agent, path):
+    # Every query parameter of the API is one value; Django would silently take the last
+    # (found by the schema fuzz test: a repeated `project` was accepted).
+    response = agent.get(path)
+    assert response.status_code == 422
+    assert "more than once" in response.body["detail"]
