@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Field, Model
 
 Converter = Callable[[Any, Any, Any], Any]
@@ -32,18 +32,26 @@ def column(model: type[Model], name: str) -> str:
     return quote(field.column)
 
 
-@functools.cache
-def _converters(vendor: str, model: type[Model], name: str) -> tuple[Any, tuple[Converter, ...]]:
-    field: Field[Any, Any] = model._meta.get_field(name)  # type: ignore[assignment]
-    col = field.get_col(model._meta.db_table)
-    return col, (*connection.ops.get_db_converters(col), *field.get_db_converters(connection))  # type: ignore[attr-defined]
+def _converters(model: type[Model], name: str) -> tuple[Any, tuple[Converter, ...]]:
+    """The column and converters of ``model``'s field ``name`` on this thread's connection,
+    cached on that connection (its converters are bound to its own ``ops``)."""
+    conn = connections[DEFAULT_DB_ALIAS]  # the thread's own wrapper, not the shared proxy
+    cache: dict[tuple[type[Model], str], tuple[Any, tuple[Converter, ...]]]
+    cache = conn.__dict__.setdefault("_rawsql_converters", {})
+    found = cache.get((model, name))
+    if found is None:
+        field: Field[Any, Any] = model._meta.get_field(name)  # type: ignore[assignment]
+        col = field.get_col(model._meta.db_table)
+        converters = (*conn.ops.get_db_converters(col), *field.get_db_converters(conn))  # type: ignore[attr-defined]
+        found = cache[(model, name)] = (col, converters)
+    return found
 
 
 def from_db(model: type[Model], name: str, value: Any) -> Any:
     """The Python value of ``model``'s field ``name`` as the ORM would read ``value``."""
     if value is None:
         return None
-    col, converters = _converters(connection.vendor, model, name)
+    col, converters = _converters(model, name)
     for convert in converters:
         value = convert(value, col, connection)
     return value
@@ -53,22 +61,30 @@ def from_db_row(model: type[Model], names: Sequence[str], values: Sequence[Any])
     return [from_db(model, name, value) for name, value in zip(names, values, strict=True)]
 
 
+@functools.cache
+def _insert_fields(vendor: str, model: type[Model]) -> tuple[tuple[Any, str], ...]:
+    """``model``'s stored fields with their quoted columns (generated ones are the database's)."""
+    return tuple(
+        (field, quote(field.column))
+        for field in model._meta.concrete_fields
+        if not getattr(field, "generated", False)
+    )
+
+
 def insert_values(instance: Model, computed: Mapping[str, str]) -> tuple[list[str], list[str], list[Any]]:
     """The quoted columns, value expressions and parameters of an INSERT of ``instance``, each
     field's value prepared as Django's insert compiler prepares it (``pre_save``, then
     ``get_db_prep_save``). A field in ``computed`` (by attname) takes that SQL expression
     instead; generated fields are the database's, and an unset primary key is left out."""
     columns, values, params = [], [], []
-    for field in instance._meta.concrete_fields:
-        if getattr(field, "generated", False):
-            continue
+    for field, quoted in _insert_fields(connection.vendor, type(instance)):
         if field.attname in computed:
-            columns.append(quote(field.column))
+            columns.append(quoted)
             values.append(computed[field.attname])
         elif field.primary_key and getattr(instance, field.attname) is None:
             continue
         else:
-            columns.append(quote(field.column))
+            columns.append(quoted)
             values.append("%s")
             params.append(field.get_db_prep_save(field.pre_save(instance, True), connection))
     return columns, values, params

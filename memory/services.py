@@ -8,6 +8,7 @@ change, and refreshes the stored scores of every entry whose score inputs it cha
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import secrets
@@ -158,11 +159,37 @@ def clean_tag_names(tags: Iterable[Any] | None) -> list[str]:
 def tags_for_names(workspace: Workspace, names: Sequence[str]) -> list[Tag]:
     """The workspace's Tag rows for ``names`` (by name), creating missing ones: one query when
     all exist, three when some are new."""
+    found = _existing_tags(workspace, names)
+    return found if found is not None else _create_missing_tags(workspace, names)
+
+
+def _existing_tags(workspace: Workspace, names: Sequence[str]) -> list[Tag] | None:
+    """The workspace's Tag rows for ``names`` (by name) if all exist, else None: one
+    statement, written once per vendor and count (every write runs it)."""
     if not names:
         return []
-    found = list(Tag.objects.filter(workspace=workspace, name__in=names))
-    if len(found) == len(set(names)):
-        return found
+    unique = list(dict.fromkeys(names))
+    with connection.cursor() as cursor:
+        cursor.execute(_existing_tags_sql(connection.vendor, len(unique)), [workspace.pk, *unique])
+        rows = cursor.fetchall()
+    if len(rows) != len(unique):
+        return None
+    fields = ["id", "workspace_id", "name"]
+    return [Tag.from_db(connection.alias, fields, [pk, workspace.pk, name]) for pk, name in rows]
+
+
+@functools.cache
+def _existing_tags_sql(vendor: str, count: int) -> str:
+    pk, name = rawsql.quote("id"), rawsql.column(Tag, "name")
+    return (
+        f"SELECT {pk}, {name} FROM {rawsql.table(Tag)} WHERE {rawsql.column(Tag, 'workspace')} = %s"
+        f" AND {name} IN ({', '.join(['%s'] * count)}) ORDER BY {name}"
+    )
+
+
+def _create_missing_tags(workspace: Workspace, names: Sequence[str]) -> list[Tag]:
+    """Tag rows for ``names`` after a read found some missing: the missing ones are inserted
+    (a concurrent writer's are kept) and all are read back (two queries)."""
     Tag.objects.bulk_create([Tag(workspace=workspace, name=n) for n in names], ignore_conflicts=True)
     return list(Tag.objects.filter(workspace=workspace, name__in=names))
 
@@ -453,6 +480,19 @@ def _mapping(value: Any, field: str) -> dict[str, Any]:
     return dict(value)
 
 
+ID_MAX = 2**63 - 1  # ids are 64-bit on both databases
+
+
+def _entry_id(value: Any, field: str) -> int:
+    """An entry id given in a request body; one no row can have is not found (not an error of
+    the database driver)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{field}: must be an entry id")
+    if not 0 < value <= ID_MAX:
+        raise NotFound(f"entry {value} not found")
+    return value
+
+
 @dataclass(frozen=True)
 class LinkIn:
     to_id: int
@@ -462,9 +502,7 @@ class LinkIn:
     def parse(cls, data: Mapping[str, Any]) -> LinkIn:
         if not isinstance(data, Mapping):
             raise InvalidInput("links: each link must be an object")
-        to_id = data.get("to_id")
-        if isinstance(to_id, bool) or not isinstance(to_id, int):
-            raise InvalidInput("links.to_id: must be an entry id")
+        to_id = _entry_id(data.get("to_id"), "links.to_id")
         return cls(
             to_id=to_id,
             type=_choice(data.get("type") or "references", RelationshipType.values, "links.type"),
@@ -537,23 +575,32 @@ def entry_create(
             **scores,
             **values,
         )
-        existing_tags = _existing_tags(workspace, tag_names)
+        tags_found = _existing_tags(workspace, tag_names)
         event = {"from_status": "", "to_status": entry.status, "reason": "create", "actor": actor, "now": now}
         try:
-            if _in_one_statement(entry, existing_tags, new_links):
-                # Atomic by itself; inside a caller's transaction it takes a savepoint, as the
-                # ORM route's atomic() does, so a failure leaves the caller's transaction usable.
-                with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
-                    _insert_in_one_statement(entry, existing_tags or [], anchor_list, event)
+            if _in_one_statement(entry, tags_found):
+                # Atomic by itself; inside a caller's transaction, or followed by the targets'
+                # rescore, it runs in a transaction (a savepoint inside a caller's, as the ORM
+                # route's atomic() takes), so a failure leaves nothing and the caller usable.
+                with (
+                    transaction.atomic()
+                    if new_links or connection.in_atomic_block
+                    else contextlib.nullcontext()
+                ):
+                    _insert_in_one_statement(
+                        entry, tags_found or [], anchor_list, _new_links(entry, new_links, actor, now), event
+                    )
+                    if new_links:
+                        _rescore(workspace, sorted({target_id for target_id, _ in new_links}), now)
                 disputes: list[Any] = []
             else:
                 with transaction.atomic():
                     tag_rows = (
-                        tags_for_names(workspace, tag_names) if existing_tags is None else existing_tags
+                        _create_missing_tags(workspace, tag_names) if tags_found is None else tags_found
                     )
                     _insert(entry, tag_rows, anchor_list, event)
                     if new_links:
-                        _insert_links(entry, new_links, actor=actor, now=now)
+                        Relationship.objects.bulk_create(_new_links(entry, new_links, actor, now))
                         _rescore(workspace, sorted({target_id for target_id, _ in new_links}), now)
                     disputes = _check_contradictions(entry, now)
         except IntegrityError as exc:  # a concurrent writer took the external id first
@@ -573,24 +620,10 @@ def _violates_external_id(exc: IntegrityError) -> bool:
     return str(exc).endswith("memory_entry.workspace_id, memory_entry.external_id")
 
 
-def _existing_tags(workspace: Workspace, names: Sequence[str]) -> list[Tag] | None:
-    """The workspace's Tag rows for ``names`` if all exist (one query), else None."""
-    if not names:
-        return []
-    found = list(Tag.objects.filter(workspace=workspace, name__in=names))
-    return found if len(found) == len(set(names)) else None
-
-
-def _in_one_statement(entry: Entry, existing_tags: list[Tag] | None, new_links: Sequence[Any]) -> bool:
-    """The common write on PostgreSQL (no links, no new tags, nothing to check for
-    contradictions) is one statement, atomic by itself; the rest goes through the ORM in a
-    transaction."""
-    return (
-        connection.vendor == "postgresql"
-        and existing_tags is not None
-        and not new_links
-        and not _checked_on_write(entry)
-    )
+def _in_one_statement(entry: Entry, tags_found: list[Tag] | None) -> bool:
+    """The common write on PostgreSQL (no new tags, nothing to check for contradictions) is
+    one statement; the rest goes through the ORM in a transaction."""
+    return connection.vendor == "postgresql" and tags_found is not None and not _checked_on_write(entry)
 
 
 def _checked_on_write(entry: Entry) -> bool:
@@ -620,13 +653,19 @@ def _insert(
 
 
 def _insert_in_one_statement(
-    entry: Entry, tag_rows: Sequence[Tag], anchors: Sequence[AnchorIn], event: dict[str, Any]
+    entry: Entry,
+    tag_rows: Sequence[Tag],
+    anchors: Sequence[AnchorIn],
+    links: Sequence[Relationship],
+    event: dict[str, Any],
 ) -> None:
-    """PostgreSQL: what ``_insert`` writes, as one statement (data-modifying CTEs: the row
-    with an id drawn from the sequence, which is also its lineage; its tag links, anchors and
-    creation event), atomic by itself: no BEGIN/COMMIT round trips and nothing for the ORM to
-    compile. Every value is prepared as the ORM prepares it (``rawsql.insert_values``);
-    ``tests/test_services.py`` proves both routes write the same rows."""
+    """PostgreSQL: what ``_insert`` and the links' INSERT write, as one statement
+    (data-modifying CTEs: the row with an id drawn from the sequence, which is also its
+    lineage; its tag links, anchors, outgoing links and creation event), atomic by itself:
+    no BEGIN/COMMIT round trips (unless links follow with their targets' rescore) and nothing
+    for the ORM to compile. Every value is prepared as the ORM prepares it
+    (``rawsql.insert_values``); ``tests/test_services.py`` proves both routes write the same
+    rows."""
     q = rawsql.quote
     drawn = "(SELECT id FROM n)"
     columns, values, params = rawsql.insert_values(entry, {"id": drawn, "lineage_id": drawn})
@@ -645,11 +684,12 @@ def _insert_in_one_statement(
         params.append([tag.pk for tag in tag_rows])
     created = "(SELECT id FROM e)"
     # One INSERT per table, its rows in the order given (the anchors keep their order).
-    groups: list[list[Any]] = [[a.row(entry) for a in anchors], [new_event(entry, **event)]]
-    for i, rows in enumerate(group for group in groups if group):
-        computed = {"entry_id": created}
-        if isinstance(rows[0], LifecycleEvent):
-            computed["entry_ref"] = created
+    groups: list[tuple[list[Any], dict[str, str]]] = [
+        ([a.row(entry) for a in anchors], {"entry_id": created}),
+        (list(links), {"from_entry_id": created}),
+        ([new_event(entry, **event)], {"entry_id": created, "entry_ref": created}),
+    ]
+    for i, (rows, computed) in enumerate(group for group in groups if group[0]):
         tuples = []
         for row in rows:
             row_columns, row_values, row_params = rawsql.insert_values(row, computed)
@@ -667,23 +707,23 @@ def _insert_in_one_statement(
     entry.__dict__["_tag_names"] = [tag.name for tag in tag_rows]
 
 
-def _insert_links(entry: Entry, new_links: Sequence[tuple[int, str]], *, actor: str, now: datetime) -> None:
-    """The links a new entry is created with. None of them can exist yet, nor be made
-    concurrently (no other transaction sees the entry): inserted at once, without _link's
+def _new_links(
+    entry: Entry, new_links: Sequence[tuple[int, str]], actor: str, now: datetime
+) -> list[Relationship]:
+    """The links a new entry is created with (not saved). None of them can exist yet, nor be
+    made concurrently (no other transaction sees the entry): inserted at once, without _link's
     checks."""
-    Relationship.objects.bulk_create(
-        [
-            Relationship(
-                workspace_id=entry.workspace_id,
-                from_entry_id=entry.pk,
-                to_entry_id=target_id,
-                type=type_,
-                created_at=now,
-                created_by=actor,
-            )
-            for target_id, type_ in new_links
-        ]
-    )
+    return [
+        Relationship(
+            workspace_id=entry.workspace_id,
+            from_entry_id=entry.pk,
+            to_entry_id=target_id,
+            type=type_,
+            created_at=now,
+            created_by=actor,
+        )
+        for target_id, type_ in new_links
+    ]
 
 
 def _new_entry_scores(
@@ -722,27 +762,49 @@ def _new_entry_scores(
     }
 
 
+_TARGET_FIELDS = ("id", "workspace_id", "lineage_id", "is_latest", "status")  # what a link needs
+
+
+@functools.cache
+def _link_targets_sql(vendor: str, count: int) -> str:
+    """Each asked id of the workspace with its lineage's latest version (none if the lineage
+    has none): one statement whatever the ids, written once per vendor and count (compiling
+    its ORM twin on every linked write cost more than running it)."""
+    e, pk = rawsql.table(Entry), rawsql.quote("id")
+
+    def c(name: str, alias: str) -> str:
+        return f"{alias}.{rawsql.column(Entry, name)}"
+
+    latest = ", ".join(c(name, "l") for name in _target_fields())
+    return (
+        f"SELECT x.{pk}, {latest} FROM {e} x LEFT JOIN {e} l"
+        f" ON {c('lineage_id', 'l')} = {c('lineage_id', 'x')}"
+        f" AND {c('workspace', 'l')} = {c('workspace', 'x')} AND {c('is_latest', 'l')}"
+        f" WHERE {c('workspace', 'x')} = %s AND x.{pk} IN ({', '.join(['%s'] * count)})"
+    )
+
+
+def _target_fields() -> list[str]:
+    """``_TARGET_FIELDS`` in the model's field order (as ``Model.from_db`` takes them)."""
+    return [f.attname for f in Entry._meta.concrete_fields if f.attname in _TARGET_FIELDS]
+
+
 def _link_targets(workspace: Workspace, ids: Sequence[int]) -> dict[int, Entry]:
-    """Latest versions for the given ids (an old version's id resolves to its lineage's latest)."""
-    found: dict[int, Entry] = {}
+    """Latest versions for the given ids (an old version's id resolves to its lineage's
+    latest), as Entry objects holding only what a link needs."""
     if not ids:
-        return found
-    fields = ("workspace_id", "lineage_id", "is_latest", "status")  # what a link needs of them
-    rows = {e.pk: e for e in Entry.objects.filter(workspace=workspace, pk__in=set(ids)).only(*fields)}
-    missing = [i for i in ids if i not in rows]
-    if missing:
-        raise NotFound(f"entry {missing[0]} not found")
-    stale_lineages = {e.lineage_id for e in rows.values() if not e.is_latest}
-    latest = {
-        e.lineage_id: e
-        for e in Entry.objects.filter(
-            workspace=workspace, lineage_id__in=stale_lineages, is_latest=True
-        ).only(*fields)
-    }
-    for i, e in rows.items():
-        target = e if e.is_latest else latest.get(e.lineage_id)
-        if target is None:
+        return {}
+    asked = sorted(set(ids))
+    with connection.cursor() as cursor:
+        cursor.execute(_link_targets_sql(connection.vendor, len(asked)), [workspace.pk, *asked])
+        rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    names = _target_fields()
+    found: dict[int, Entry] = {}
+    for i in ids:
+        latest = rows.get(i)
+        if latest is None or latest[0] is None:
             raise NotFound(f"entry {i} not found")
+        target = Entry.from_db(connection.alias, names, rawsql.from_db_row(Entry, names, latest))
         if target.status == Status.TOMBSTONED:
             raise Conflict(f"entry {i} is tombstoned; restore it before linking")
         found[i] = target
@@ -1006,11 +1068,7 @@ def relationship_create(
     (from, to, type) is reported, not duplicated. Ids of old versions resolve to the latest."""
     now = _now(now)
     _choice(type, RelationshipType.values, "type")
-    ids = []
-    for name, value in (("from_id", from_id), ("to_id", to_id)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidInput(f"{name}: must be an entry id")
-        ids.append(value)
+    ids = [_entry_id(from_id, "from_id"), _entry_id(to_id, "to_id")]
     if ids[0] == ids[1]:
         raise InvalidInput("a memory cannot link to itself")
     with transaction.atomic():

@@ -10,6 +10,7 @@ from django.db import connection
 
 from maintenance import scoring
 from maintenance.models import MaintenancePolicy
+from maintenance.scoring_db import refresh_scores
 from memory import services
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import (
@@ -882,10 +883,18 @@ def test_linking_another_workspaces_entry_is_not_found(workspace, other_workspac
     assert snapshot() == before
 
 
-def test_linking_a_missing_entry_is_not_found(workspace, now):
+@pytest.mark.parametrize("missing", [10**9, 0, -1, 2**63, 2**70, -(2**63) - 1])
+def test_linking_a_missing_entry_is_not_found(workspace, now, missing):
+    # Ids no row can have (beyond 64 bits too) are not found, never a driver's overflow.
     mine = make(workspace, now, "mine")
+    before = snapshot()
     with pytest.raises(NotFound):
-        services.relationship_create(workspace=workspace, from_id=mine.pk, to_id=10**9, now=now)
+        services.relationship_create(workspace=workspace, from_id=mine.pk, to_id=missing, now=now)
+    with pytest.raises(NotFound):
+        services.relationship_create(workspace=workspace, from_id=missing, to_id=mine.pk, now=now)
+    with pytest.raises(NotFound):
+        make(workspace, now, "linked", links=[{"to_id": missing}])
+    assert snapshot() == before
 
 
 @pytest.mark.parametrize("dead_end", ["from", "to"])
@@ -1289,14 +1298,16 @@ def _written(entry):
     for anchor in anchors:
         anchor.pop("created_at")  # the clock when the row object was made, in both routes
     events = list(LifecycleEvent.objects.filter(entry=entry).values())
-    for item in (*anchors, *events):
-        for key in ("id", "entry_id", "entry_ref"):
+    links = list(Relationship.objects.filter(from_entry=entry).order_by("to_entry_id", "type").values())
+    for item in (*anchors, *events, *links):
+        for key in ("id", "entry_id", "entry_ref", "from_entry_id"):
             item.pop(key, None)
     return (
         {k: v for k, v in row.items() if k not in drop},
         sorted(entry.tags.values_list("name", flat=True)),
         anchors,
         events,
+        links,
     )
 
 
@@ -1317,10 +1328,22 @@ def _written(entry):
             "significance_type": "security",
             "session_key": "s-1",
         },
+        {"links": [("first", "caused"), ("second", "references"), ("first", "references")]},
+        {
+            "tags": ["b"],
+            "links": [("first", "resolved"), ("first", "resolved")],
+            "anchors": [{"path": "z.py"}],
+        },
     ],
 )
 def test_the_one_statement_write_stores_what_the_orm_write_stores(workspace, now, monkeypatch, fields):
     services.tags_for_names(workspace, ["a", "b"])  # existing tags: the one-statement route
+    targets = {
+        name: make(workspace, now, f"target {name}", created_at=now - timedelta(days=3))
+        for name in ("first", "second")
+    }
+    if "links" in fields:
+        fields = {**fields, "links": [{"to_id": targets[n].pk, "type": t} for n, t in fields["links"]]}
     routes = []
     real = services._in_one_statement
 
@@ -1328,10 +1351,20 @@ def test_the_one_statement_write_stores_what_the_orm_write_stores(workspace, now
         routes.append(real(*args))
         return routes[-1]
 
+    def scores_as_a_refresh_computes():
+        # The write rescored the targets it linked to: their stored scores are what a full
+        # refresh computes.
+        stored = [(reload(t).importance, reload(t).retention) for t in targets.values()]
+        refresh_scores(workspace, now=now)
+        refreshed = [(reload(t).importance, reload(t).retention) for t in targets.values()]
+        assert [pytest.approx(pair, abs=1e-9) for pair in refreshed] == stored
+
     monkeypatch.setattr(services, "_in_one_statement", one_statement)
     fast = make(workspace, now, "written in one statement", external_id="fast", **fields)
+    scores_as_a_refresh_computes()
     monkeypatch.setattr(services, "_in_one_statement", lambda *args: False)
     slow = make(workspace, now, "written in one statement", external_id="slow", **fields)
+    scores_as_a_refresh_computes()
     assert routes == [True]
     assert fast.lineage_id == fast.pk and reload(fast).lineage_id == fast.pk
     assert _written(fast) == _written(slow)
@@ -1339,7 +1372,7 @@ def test_the_one_statement_write_stores_what_the_orm_write_stores(workspace, now
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement write is PostgreSQL's")
-def test_a_write_with_a_new_tag_or_a_link_goes_through_the_orm(workspace, now, monkeypatch):
+def test_a_write_with_a_new_tag_or_a_checked_rule_goes_through_the_orm(workspace, now, monkeypatch):
     target = make(workspace, now, "target")
     routes = []
     real = services._in_one_statement
@@ -1348,7 +1381,7 @@ def test_a_write_with_a_new_tag_or_a_link_goes_through_the_orm(workspace, now, m
     make(workspace, now, "linked", links=[{"to_id": target.pk}])
     make(workspace, now, "rule", entry_type="rule", tier="constitutional")
     make(workspace, now, "plain", tags=["brand-new"])
-    assert routes == [False, False, False, True]
+    assert routes == [False, True, False, True]
 
 
 def test_a_concurrent_duplicate_external_id_is_a_conflict_not_an_error(workspace, now, monkeypatch):

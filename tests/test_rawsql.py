@@ -1,0 +1,57 @@
+"""memory.rawsql reads a raw row's values as the ORM reads them, with the converters of the
+calling thread's own connection (each thread has its own DatabaseWrapper and ``ops``)."""
+
+import threading
+from datetime import UTC, datetime
+
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+
+from memory import rawsql
+from memory.models import Entry
+
+
+def _raw_datetime() -> object:
+    """``2026-01-02 03:04:05.000006+00`` as this database's driver returns it."""
+    moment = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
+    return "2026-01-02 03:04:05.000006" if connection.vendor == "sqlite" else moment
+
+
+def _bound_owners() -> set[int]:
+    _col, converters = rawsql._converters(Entry, "created_at")
+    return {id(c.__self__) for c in converters if hasattr(c, "__self__") and c.__self__ is not None}
+
+
+def test_from_db_reads_a_datetime_as_the_orm_does():
+    assert rawsql.from_db(Entry, "created_at", _raw_datetime()) == datetime(
+        2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC
+    )
+    assert rawsql.from_db(Entry, "created_at", None) is None
+
+
+def test_converters_are_those_of_the_calling_threads_connection():
+    here = connections[DEFAULT_DB_ALIAS]
+    seen: dict[str, object] = {}
+
+    def in_thread() -> None:
+        try:
+            there = connections[DEFAULT_DB_ALIAS]
+            seen["value"] = rawsql.from_db(Entry, "created_at", _raw_datetime())
+            seen["owners"] = _bound_owners()
+            seen["ops"] = id(there.ops)
+            seen["wrapper"] = id(there)
+        finally:
+            connections.close_all()
+
+    rawsql.from_db(Entry, "created_at", _raw_datetime())  # fills this thread's cache first
+    worker = threading.Thread(target=in_thread)
+    worker.start()
+    worker.join()
+
+    assert seen["value"] == datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
+    assert seen["wrapper"] != id(here)
+    # Every converter bound to an ``ops`` object is bound to the thread's own, never to the
+    # thread that asked first (SQLite converts datetimes with a bound method of its ops).
+    assert _bound_owners() <= {id(here.ops), id(here)}
+    assert seen["owners"] <= {seen["ops"], seen["wrapper"]}
+    if connection.vendor == "sqlite":
+        assert seen["owners"] == {seen["ops"]}
