@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -9,10 +10,12 @@ from datetime import datetime
 from typing import Any
 
 from django.core.cache import cache
+from django.db import connection
 from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
 
 from maintenance import scoring
 from maintenance.scoring_db import COUNTED_END_STATUSES
+from memory import rawsql
 from memory.errors import NotFound
 from memory.models import (
     CAUSAL_TYPES,
@@ -23,6 +26,7 @@ from memory.models import (
     Membership,
     Relationship,
     Status,
+    Tag,
     Tombstone,
     Workspace,
 )
@@ -157,19 +161,40 @@ def entry_list(
 
 
 def with_tag_names(entries: list[Entry]) -> list[Entry]:
-    """Give each entry its ``tag_names`` in one query (what Django's prefetch does, at a third
-    of its CPU: no Tag instances); returns ``entries``."""
+    """Give each entry its ``tag_names`` (by name) in one statement written once per vendor
+    (what Django's prefetch does, without Tag instances or compiling a query per page);
+    returns ``entries``."""
     names: dict[int, list[str]] = {e.pk: [] for e in entries}
-    rows = (
-        Entry.tags.through.objects.filter(entry_id__in=list(names))
-        .order_by("tag__name")
-        .values_list("entry_id", "tag__name")
-    )
-    for entry_id, name in rows if names else ():
-        names[entry_id].append(name)
+    if names:
+        ids = list(names)
+        with connection.cursor() as cursor:
+            sql, params = _tag_names_sql(connection.vendor, len(ids), ids)
+            cursor.execute(sql, params)
+            for entry_id, name in cursor.fetchall():
+                names[entry_id].append(name)
     for e in entries:
         e.__dict__["_tag_names"] = names[e.pk]
     return entries
+
+
+def _tag_names_sql(vendor: str, count: int, ids: list[int]) -> tuple[str, list[Any]]:
+    """PostgreSQL takes the ids as one array (one statement, prepared once); SQLite as one
+    parameter each."""
+    if vendor == "postgresql":
+        return _tag_names_statement(vendor, "= ANY(%s)"), [ids]
+    return _tag_names_statement(vendor, f"IN ({', '.join(['%s'] * count)})"), ids
+
+
+@functools.cache
+def _tag_names_statement(vendor: str, match: str) -> str:
+    through = Entry.tags.through
+    entry_col, tag_col = rawsql.column(through, "entry"), rawsql.column(through, "tag")
+    name = rawsql.column(Tag, "name")
+    return (
+        f"SELECT et.{entry_col}, t.{name} FROM {rawsql.table(through)} et"
+        f" JOIN {rawsql.table(Tag)} t ON t.{rawsql.quote('id')} = et.{tag_col}"
+        f" WHERE et.{entry_col} {match} ORDER BY t.{name}"
+    )
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,18 @@ def make(workspace, content: str = "Use the connection pool for every worker.", 
 # --- create ---------------------------------------------------------------------------------------
 
 
+def test_timestamps_are_iso_8601_utc_with_microseconds(workspace, agent):
+    # The stored instant, exactly: a client can send it back or compare it without losing the
+    # sub-millisecond part (Django's JSON encoder cut it to milliseconds).
+    at = datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
+    entry = make(workspace, created_at=at, now=at)
+    body = agent.get(f"/entries/{entry.pk}").body
+    assert body["created_at"] == "2026-03-04T05:06:07.123456Z"
+    assert datetime.fromisoformat(body["created_at"]) == at
+    listed = agent.get("/entries").body["items"]
+    assert [item["created_at"] for item in listed] == ["2026-03-04T05:06:07.123456Z"]
+
+
 def test_an_agent_creates_an_entry_with_tags_anchors_and_links(workspace, agent):
     target = make(workspace, "The pool size is 20.")
     response = agent.post(
