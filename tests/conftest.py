@@ -22,6 +22,17 @@ def other_workspace(db) -> Workspace:
 
 
 @pytest.fixture(autouse=True)
+def _empty_cache():
+    # Counts and search estimates are cached per workspace id, and ids repeat across tests
+    # (SQLite reuses them after a rollback): each test starts with an empty process cache.
+    from django.core.cache import caches
+    from django.core.cache.backends.locmem import LocMemCache
+
+    if isinstance(caches["default"], LocMemCache):  # never flush a shared Redis
+        caches["default"].clear()
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hasher(settings):
     # The default PBKDF2 hasher costs about a second per password; tests don't need that.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -503,3 +503,24 @@ def test_an_entry_of_the_largest_content_of_distinct_words_is_written_and_found(
 
     assert _ids(workspace, words[-1]) == [entry.pk]
     assert _ids(workspace, "glossary") == [entry.pk]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's planner estimate")
+def test_the_planner_estimate_is_asked_once_per_workspace_statuses_and_query(workspace, other_workspace):
+    _entry(workspace, "A note about the retry queue")
+
+    def explains(*calls):
+        with CaptureQueriesContext(connection) as queries:
+            for ws, q, archived in calls:
+                search(ws, q, include_archived=archived)
+        return sum(1 for x in queries.captured_queries if x["sql"].startswith("EXPLAIN"))
+
+    assert explains((workspace, "retry", False)) == 1
+    assert explains((workspace, "retry", False), (workspace, "retry", False)) == 0
+    assert (
+        explains((workspace, "queue", False), (workspace, "retry", True), (other_workspace, "retry", False))
+        == 3
+    )
+    # What the search finds does not come from the cache: a new match shows at once.
+    newer = _entry(workspace, "Another retry note")
+    assert newer.pk in _ids(workspace, "retry")
