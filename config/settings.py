@@ -152,6 +152,9 @@ elif _db["ENGINE"] == "django.db.backends.postgresql" and env_bool("DB_POOL", Tr
         # keep prepared statements (PgBouncer in transaction mode before 1.21, or without
         # max_prepared_statements).
         _db["OPTIONS"].update(server_side_binding=True, prepare_threshold=5)
+if _db["ENGINE"] == "django.db.backends.postgresql":
+    # Django's backend, reading timestamps with psycopg's compiled loader (config/postgresql).
+    _db["ENGINE"] = "config.postgresql"
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

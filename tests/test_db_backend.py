@@ -1,0 +1,70 @@
+"""config.postgresql: Django's PostgreSQL backend reading ``timestamptz`` with psycopg's
+compiled loader. Every timestamp must come back as the instant stored, in UTC, exactly as
+Django's own loader gives it (SQLite has its own converters: skipped there)."""
+
+import datetime
+
+import pytest
+from django.db import connection
+from django.db.backends.postgresql.psycopg_any import register_tzloader
+
+from config.postgresql.base import UTCTimestamptzLoader
+from memory import services
+from memory.models import Entry
+
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's timestamptz loader"),
+]
+
+UTC = datetime.UTC
+INSTANTS = [
+    datetime.datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=UTC),
+    datetime.datetime(1970, 1, 1, tzinfo=UTC),
+    datetime.datetime(2000, 2, 29, 23, 59, 59, 999999, tzinfo=UTC),
+    datetime.datetime(1, 1, 1, tzinfo=UTC),
+    datetime.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    datetime.datetime(2026, 6, 1, 12, 0, tzinfo=datetime.timezone(datetime.timedelta(hours=5, minutes=30))),
+]
+
+
+def _read(cursor, value):
+    cursor.execute("SELECT %s::timestamptz", [value])
+    return cursor.fetchone()[0]
+
+
+def test_connections_read_timestamps_with_the_compiled_loader():
+    connection.ensure_connection()
+    loader = connection.connection.adapters.get_loader(1184, 0)  # timestamptz, text
+    assert loader is UTCTimestamptzLoader
+
+
+@pytest.mark.parametrize("instant", INSTANTS)
+def test_the_compiled_loader_reads_what_djangos_loader_reads(instant):
+    with connection.cursor() as cursor:
+        fast = _read(cursor, instant)
+    with connection.cursor() as cursor:
+        register_tzloader(UTC, cursor.cursor)  # Django's own loader on this cursor
+        slow = _read(cursor, instant)
+    assert fast == slow == instant
+    assert fast.tzinfo is UTC and slow.tzinfo is UTC
+    assert fast.utcoffset() == datetime.timedelta(0)
+
+
+def test_a_session_in_another_zone_still_reads_utc():
+    instant = INSTANTS[0]
+    with connection.cursor() as cursor:
+        cursor.execute("SET TIME ZONE 'America/Los_Angeles'")
+        try:
+            value = _read(cursor, instant)
+        finally:
+            cursor.execute("SET TIME ZONE 'UTC'")
+    assert value == instant and value.tzinfo is UTC
+
+
+def test_an_entry_reads_back_its_stored_instants(workspace):
+    at = datetime.datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
+    entry = services.entry_create(workspace=workspace, content="timestamps", now=at, created_at=at)
+    row = Entry.objects.get(pk=entry.pk)
+    assert (row.created_at, row.updated_at, row.status_changed_at, row.scored_at) == (at, at, at, at)
+    assert row.created_at.tzinfo is UTC
