@@ -1046,9 +1046,9 @@ def render(**kw: Any) -> str:
         f"Python loop, best of 3, before the load) {kw['loop_seconds']:.2f} s of CPU — compare it "
         "before comparing two reports' numbers",
         f"- database: PostgreSQL {facts.get('version', '?')} on the same machine (loopback TCP), "
-        "stock settings "
-        f"(shared_buffers {facts.get('shared_buffers')}, work_mem {facts.get('work_mem')}, "
-        f"effective_cache_size {facts.get('effective_cache_size')})",
+        f"server settings shared_buffers {facts.get('shared_buffers')}, work_mem "
+        f"{facts.get('work_mem')}, effective_cache_size {facts.get('effective_cache_size')}"
+        + (" (PostgreSQL's defaults)" if facts.get("shared_buffers") == "128MB" else ""),
         f"- data: **{gen.entries:,} entries** in workspace `{gen.slug}`, {gen_line}; latest "
         "versions by status: "
         + ", ".join(f"{k} {v:,}" for k, v in facts.get("statuses", {}).items())

@@ -130,7 +130,12 @@ def _live_key(secret_hash: str) -> ApiKey | None:
     if not isinstance(key, ApiKey) or not isinstance(workspace, Workspace):
         return None
     _model, start, end = _SPANS[2]
-    workspace.__dict__["policy_at_auth"] = _policy_values(tuple(row[start:end]))
+    raw = tuple(row[start:end])
+    try:
+        policy = _policy_values(raw)
+    except TypeError:  # a value the driver returned is not hashable: convert it uncached
+        policy = _policy_values.__wrapped__(raw)
+    workspace.__dict__["policy_at_auth"] = policy
     key.workspace = workspace
     return key
 

@@ -328,8 +328,9 @@ ESTIMATE_CACHE_SECONDS = 300  # the planner's statistics change only when the ta
 
 def _estimate(cursor: Any, params: dict[str, Any]) -> int:
     """The planner's estimate of a query's matches, kept for ESTIMATE_CACHE_SECONDS per
-    workspace, statuses and query: planning the EXPLAIN cost ~1 ms of every search, and the
-    estimate only picks how to rank (a stale one costs time, never a wrong result)."""
+    workspace, statuses and query: planning the EXPLAIN cost ~1 ms of every search. The
+    estimate picks how to rank and is the ``count`` a broad query reports (flagged as an
+    estimate); one up to 5 minutes old serves both."""
     words = json.dumps([params["workspace"], params["statuses"], params["q"]])
     key = "search-estimate:" + hashlib.sha256(words.encode()).hexdigest()
     cached = cache.get(key)

@@ -165,12 +165,16 @@ def tags_for_names(workspace: Workspace, names: Sequence[str]) -> list[Tag]:
 
 def _existing_tags(workspace: Workspace, names: Sequence[str]) -> list[Tag] | None:
     """The workspace's Tag rows for ``names`` (by name) if all exist, else None: one
-    statement, written once per vendor and count (every write runs it)."""
+    statement, written once per vendor (every write runs it)."""
     if not names:
         return []
     unique = list(dict.fromkeys(names))
     with connection.cursor() as cursor:
-        cursor.execute(_existing_tags_sql(connection.vendor, len(unique)), [workspace.pk, *unique])
+        if connection.vendor == "postgresql":  # one array: one prepared statement for any count
+            cursor.execute(_existing_tags_sql(connection.vendor, "= ANY(%s)"), [workspace.pk, unique])
+        else:
+            marks = f"IN ({', '.join(['%s'] * len(unique))})"
+            cursor.execute(_existing_tags_sql(connection.vendor, marks), [workspace.pk, *unique])
         rows = cursor.fetchall()
     if len(rows) != len(unique):
         return None
@@ -178,12 +182,12 @@ def _existing_tags(workspace: Workspace, names: Sequence[str]) -> list[Tag] | No
     return [Tag.from_db(connection.alias, fields, [pk, workspace.pk, name]) for pk, name in rows]
 
 
-@functools.cache
-def _existing_tags_sql(vendor: str, count: int) -> str:
+@functools.lru_cache(maxsize=64)
+def _existing_tags_sql(vendor: str, match: str) -> str:
     pk, name = rawsql.quote("id"), rawsql.column(Tag, "name")
     return (
         f"SELECT {pk}, {name} FROM {rawsql.table(Tag)} WHERE {rawsql.column(Tag, 'workspace')} = %s"
-        f" AND {name} IN ({', '.join(['%s'] * count)}) ORDER BY {name}"
+        f" AND {name} {match} ORDER BY {name}"
     )
 
 
@@ -798,13 +802,13 @@ def _link_targets(workspace: Workspace, ids: Sequence[int]) -> dict[int, Entry]:
     with connection.cursor() as cursor:
         cursor.execute(_link_targets_sql(connection.vendor, len(asked)), [workspace.pk, *asked])
         rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    missing = [i for i in ids if rows.get(i, (None,))[0] is None]
+    if missing:  # every id is checked for existence before any for its state
+        raise NotFound(f"entry {missing[0]} not found")
     names = _target_fields()
     found: dict[int, Entry] = {}
     for i in ids:
-        latest = rows.get(i)
-        if latest is None or latest[0] is None:
-            raise NotFound(f"entry {i} not found")
-        target = Entry.from_db(connection.alias, names, rawsql.from_db_row(Entry, names, latest))
+        target = Entry.from_db(connection.alias, names, rawsql.from_db_row(Entry, names, rows[i]))
         if target.status == Status.TOMBSTONED:
             raise Conflict(f"entry {i} is tombstoned; restore it before linking")
         found[i] = target

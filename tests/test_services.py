@@ -6,7 +6,7 @@ import math
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from maintenance import scoring
 from maintenance.models import MaintenancePolicy
@@ -1382,6 +1382,43 @@ def test_a_write_with_a_new_tag_or_a_checked_rule_goes_through_the_orm(workspace
     make(workspace, now, "rule", entry_type="rule", tier="constitutional")
     make(workspace, now, "plain", tags=["brand-new"])
     assert routes == [False, True, False, True]
+
+
+@pytest.mark.parametrize("in_callers_transaction", [False, True])
+def test_a_linked_create_that_fails_after_its_insert_leaves_nothing(
+    workspace, now, monkeypatch, in_callers_transaction
+):
+    # The entry, its tags, anchor, links and event are written before the targets' rescore:
+    # a failure there must take them all back, and leave a caller's transaction usable.
+    target = make(workspace, now, "target")
+    services.tags_for_names(workspace, ["a"])
+    before = snapshot()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("rescore failed")
+
+    monkeypatch.setattr(services, "_rescore", broken)
+    fields = {"tags": ["a"], "anchors": [{"path": "x.py"}], "links": [{"to_id": target.pk, "type": "caused"}]}
+    if in_callers_transaction:
+        with transaction.atomic():
+            with pytest.raises(RuntimeError):
+                make(workspace, now, "linked", **fields)
+            assert snapshot() == before
+            kept = make(workspace, now, "written after the failure")  # the transaction still works
+        assert Entry.objects.filter(pk=kept.pk).exists()
+    else:
+        with pytest.raises(RuntimeError):
+            make(workspace, now, "linked", **fields)
+        assert snapshot() == before
+
+
+@pytest.mark.parametrize("order", ["missing first", "tombstoned first"])
+def test_a_missing_link_target_is_reported_before_a_tombstoned_one(workspace, now, order):
+    dead = make(workspace, now, "dead")
+    services.entry_tombstone(workspace=workspace, entry_id=dead.pk, now=now)
+    ids = [10**9, dead.pk] if order == "missing first" else [dead.pk, 10**9]
+    with pytest.raises(NotFound):
+        make(workspace, now, "linked", links=[{"to_id": i} for i in ids])
 
 
 def test_a_concurrent_duplicate_external_id_is_a_conflict_not_an_error(workspace, now, monkeypatch):
