@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.http import HttpRequest
-from ninja import Field, Query, Router, Schema
+from ninja import Query, Router
+from pydantic import BaseModel, ConfigDict, Field
 
 from memory.api import ERRORS
 from memory.auth import require
@@ -14,7 +15,11 @@ from memory.search import LIMIT_MAX, search
 router = Router(tags=["search"])
 
 
-class SearchHitOut(Schema):
+# Plain pydantic models reading the hits' attributes (as ``EntryOut``): django-ninja's Schema
+# reads each attribute through a Python getter, ~0.7 ms for a page of 20.
+class SearchHitOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     id: int
     title: str
     snippet: str  # plain text; matched words between « and »
@@ -25,7 +30,9 @@ class SearchHitOut(Schema):
     created_at: datetime
 
 
-class SearchOut(Schema):
+class SearchOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     count: int = Field(description="all matches; items are the best `limit` of them")
     count_exact: bool = Field(
         description="false when `count` is PostgreSQL's estimate (a broad query, see `ranked`)"
