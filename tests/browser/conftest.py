@@ -128,7 +128,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     password = secrets.token_urlsafe(12)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
     seeded = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("seed.py")), "--password", password],
+        # "--password=…" in one argument: a random password may start with "-", which argparse
+        # would take for an option of its own.
+        [sys.executable, str(Path(__file__).with_name("seed.py")), f"--password={password}"],
         cwd=ROOT,
         env=env,
         check=True,
