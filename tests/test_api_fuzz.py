@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import schemathesis
 from django.core.wsgi import get_wsgi_application
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -104,6 +104,15 @@ def _real_ids(path: str, ids: dict[str, list[int]]) -> dict[str, list[int]]:
     return found
 
 
+def _unsendable_query(query: dict[str, Any] | None) -> bool:
+    def nested(value: Any) -> bool:
+        return isinstance(value, dict) or (
+            isinstance(value, list | tuple) and any(isinstance(v, dict | list | tuple) for v in value)
+        )
+
+    return any(nested(value) for value in (query or {}).values())
+
+
 def _fuzz(operation: Any, mode: GenerationMode, real: dict[str, list[int]], key: str) -> None:
     @settings(
         max_examples=EXAMPLES_PER_OPERATION,
@@ -114,6 +123,11 @@ def _fuzz(operation: Any, mode: GenerationMode, real: dict[str, list[int]], key:
     )
     @given(case=operation.as_strategy(generation_mode=mode), data=st.data())
     def send(case: Any, data: st.DataObject) -> None:
+        # A query string carries only strings: an object (or a list holding one) generated for
+        # a query parameter reaches the server as its Python repr, a valid string the server
+        # rightly accepts, while schemathesis counts it as invalid data (seen in CI:
+        # project={'\x1d\x1a': {...}}). Such cases say nothing about the API.
+        assume(not _unsendable_query(case.query))
         if mode is GenerationMode.POSITIVE:
             for name, choices in real.items():
                 if data.draw(st.booleans(), label=f"real {name}"):
