@@ -159,9 +159,7 @@ def _instance(model: type[Model], raw: Sequence[Any]) -> Model | None:
     datetimes as text)."""
     if raw[0] is None:  # the primary key
         return None
-    fields = model._meta.concrete_fields
-    values = rawsql.from_db_row(model, [f.name for f in fields], raw)
-    return model.from_db(connection.alias, [f.attname for f in fields], values)
+    return rawsql.instance(model, [f.attname for f in model._meta.concrete_fields], raw)
 
 
 @functools.lru_cache(maxsize=256)

@@ -61,6 +61,21 @@ def from_db_row(model: type[Model], names: Sequence[str], values: Sequence[Any])
     return [from_db(model, name, value) for name, value in zip(names, values, strict=True)]
 
 
+def instance(model: type[Model], attnames: Sequence[str], raw: Sequence[Any]) -> Any:
+    """``model``'s instance from a raw row holding ``attnames`` (in the model's field order),
+    its values read as the ORM reads them; a row of fewer fields defers the rest."""
+    return model.from_db(connection.alias, list(attnames), from_db_row(model, attnames, raw))
+
+
+def in_values(values: Sequence[Any]) -> tuple[str, list[Any]]:
+    """``column <this>`` matching any of ``values``, and its parameters: one array on
+    PostgreSQL (one statement text, prepared once, for any count), one parameter each on
+    SQLite."""
+    if connection.vendor == "postgresql":
+        return "= ANY(%s)", [list(values)]
+    return f"IN ({', '.join(['%s'] * len(values))})", list(values)
+
+
 @functools.cache
 def _insert_fields(vendor: str, model: type[Model]) -> tuple[tuple[Any, str], ...]:
     """``model``'s stored fields with their quoted columns (generated ones are the database's)."""

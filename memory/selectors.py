@@ -166,10 +166,9 @@ def with_tag_names(entries: list[Entry]) -> list[Entry]:
     returns ``entries``."""
     names: dict[int, list[str]] = {e.pk: [] for e in entries}
     if names:
-        ids = list(names)
+        match, params = rawsql.in_values(list(names))
         with connection.cursor() as cursor:
-            sql, params = _tag_names_sql(connection.vendor, len(ids), ids)
-            cursor.execute(sql, params)
+            cursor.execute(_tag_names_sql(connection.vendor, match), params)
             for entry_id, name in cursor.fetchall():
                 names[entry_id].append(name)
     for e in entries:
@@ -177,16 +176,8 @@ def with_tag_names(entries: list[Entry]) -> list[Entry]:
     return entries
 
 
-def _tag_names_sql(vendor: str, count: int, ids: list[int]) -> tuple[str, list[Any]]:
-    """PostgreSQL takes the ids as one array (one statement, prepared once); SQLite as one
-    parameter each."""
-    if vendor == "postgresql":
-        return _tag_names_statement(vendor, "= ANY(%s)"), [ids]
-    return _tag_names_statement(vendor, f"IN ({', '.join(['%s'] * count)})"), ids
-
-
-@functools.cache
-def _tag_names_statement(vendor: str, match: str) -> str:
+@functools.lru_cache(maxsize=64)
+def _tag_names_sql(vendor: str, match: str) -> str:
     through = Entry.tags.through
     entry_col, tag_col = rawsql.column(through, "entry"), rawsql.column(through, "tag")
     name = rawsql.column(Tag, "name")

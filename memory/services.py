@@ -168,18 +168,15 @@ def _existing_tags(workspace: Workspace, names: Sequence[str]) -> list[Tag] | No
     statement, written once per vendor (every write runs it)."""
     if not names:
         return []
-    unique = list(dict.fromkeys(names))
+    match, params = rawsql.in_values(list(dict.fromkeys(names)))
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":  # one array: one prepared statement for any count
-            cursor.execute(_existing_tags_sql(connection.vendor, "= ANY(%s)"), [workspace.pk, unique])
-        else:
-            marks = f"IN ({', '.join(['%s'] * len(unique))})"
-            cursor.execute(_existing_tags_sql(connection.vendor, marks), [workspace.pk, *unique])
+        cursor.execute(_existing_tags_sql(connection.vendor, match), [workspace.pk, *params])
         rows = cursor.fetchall()
-    if len(rows) != len(unique):
+    if len(rows) != len(set(names)):
         return None
-    fields = ["id", "workspace_id", "name"]
-    return [Tag.from_db(connection.alias, fields, [pk, workspace.pk, name]) for pk, name in rows]
+    return [
+        rawsql.instance(Tag, ["id", "workspace_id", "name"], [pk, workspace.pk, name]) for pk, name in rows
+    ]
 
 
 @functools.lru_cache(maxsize=64)
@@ -559,6 +556,7 @@ def entry_create(
         # Each (latest target, type) once: two ids of one lineage, or a link given twice, make
         # one link (SPEC §1: an identical link is not duplicated).
         new_links = list(dict.fromkeys((targets[link.to_id].pk, link.type) for link in link_list))
+        linked = sorted({target_id for target_id, _ in new_links})  # rescored with the write
         # A new entry's scores depend on its own fields and on the links it is created with (each
         # target is a live latest entry, so each counts): computed here and written with the
         # INSERT (the parity tests prove Python and SQL agree) instead of an UPDATE with the
@@ -594,8 +592,8 @@ def entry_create(
                     _insert_in_one_statement(
                         entry, tags_found or [], anchor_list, _new_links(entry, new_links, actor, now), event
                     )
-                    if new_links:
-                        _rescore(workspace, sorted({target_id for target_id, _ in new_links}), now)
+                    if linked:
+                        _rescore(workspace, linked, now)
                 disputes: list[Any] = []
             else:
                 with transaction.atomic():
@@ -605,7 +603,7 @@ def entry_create(
                     _insert(entry, tag_rows, anchor_list, event)
                     if new_links:
                         Relationship.objects.bulk_create(_new_links(entry, new_links, actor, now))
-                        _rescore(workspace, sorted({target_id for target_id, _ in new_links}), now)
+                        _rescore(workspace, linked, now)
                     disputes = _check_contradictions(entry, now)
         except IntegrityError as exc:  # a concurrent writer took the external id first
             if external_id and _violates_external_id(exc):
@@ -769,11 +767,11 @@ def _new_entry_scores(
 _TARGET_FIELDS = ("id", "workspace_id", "lineage_id", "is_latest", "status")  # what a link needs
 
 
-@functools.cache
-def _link_targets_sql(vendor: str, count: int) -> str:
+@functools.lru_cache(maxsize=64)
+def _link_targets_sql(vendor: str, match: str) -> str:
     """Each asked id of the workspace with its lineage's latest version (none if the lineage
-    has none): one statement whatever the ids, written once per vendor and count (compiling
-    its ORM twin on every linked write cost more than running it)."""
+    has none): one statement whatever the ids, written once (compiling its ORM twin on every
+    linked write cost more than running it)."""
     e, pk = rawsql.table(Entry), rawsql.quote("id")
 
     def c(name: str, alias: str) -> str:
@@ -784,7 +782,7 @@ def _link_targets_sql(vendor: str, count: int) -> str:
         f"SELECT x.{pk}, {latest} FROM {e} x LEFT JOIN {e} l"
         f" ON {c('lineage_id', 'l')} = {c('lineage_id', 'x')}"
         f" AND {c('workspace', 'l')} = {c('workspace', 'x')} AND {c('is_latest', 'l')}"
-        f" WHERE {c('workspace', 'x')} = %s AND x.{pk} IN ({', '.join(['%s'] * count)})"
+        f" WHERE {c('workspace', 'x')} = %s AND x.{pk} {match}"
     )
 
 
@@ -798,9 +796,9 @@ def _link_targets(workspace: Workspace, ids: Sequence[int]) -> dict[int, Entry]:
     latest), as Entry objects holding only what a link needs."""
     if not ids:
         return {}
-    asked = sorted(set(ids))
+    match, params = rawsql.in_values(sorted(set(ids)))
     with connection.cursor() as cursor:
-        cursor.execute(_link_targets_sql(connection.vendor, len(asked)), [workspace.pk, *asked])
+        cursor.execute(_link_targets_sql(connection.vendor, match), [workspace.pk, *params])
         rows = {row[0]: row[1:] for row in cursor.fetchall()}
     missing = [i for i in ids if rows.get(i, (None,))[0] is None]
     if missing:  # every id is checked for existence before any for its state
@@ -808,7 +806,7 @@ def _link_targets(workspace: Workspace, ids: Sequence[int]) -> dict[int, Entry]:
     names = _target_fields()
     found: dict[int, Entry] = {}
     for i in ids:
-        target = Entry.from_db(connection.alias, names, rawsql.from_db_row(Entry, names, rows[i]))
+        target = rawsql.instance(Entry, names, rows[i])
         if target.status == Status.TOMBSTONED:
             raise Conflict(f"entry {i} is tombstoned; restore it before linking")
         found[i] = target
