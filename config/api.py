@@ -17,7 +17,7 @@ from ninja.responses import NinjaJSONEncoder
 
 from maintenance.api import router as maintenance_router
 from maintenance.api_quality import router as quality_router
-from memory.api import reject_repeated_query_parameters
+from memory.api import reject_malformed_path_ids, reject_repeated_query_parameters
 from memory.api import router as memory_router
 from memory.api_search import router as search_router
 from memory.auth import API_AUTH, RateLimited
@@ -104,6 +104,7 @@ def health(request: HttpRequest) -> dict[str, str]:
 
 for _router in (memory_router, maintenance_router, quality_router, search_router):
     _router.add_decorator(reject_repeated_query_parameters, mode="view")
+    _router.add_decorator(reject_malformed_path_ids, mode="view")
 api.add_router("/", memory_router)
 api.add_router("/", maintenance_router)
 api.add_router("/", quality_router)

@@ -8,6 +8,7 @@ selector. Every lookup is scoped to the caller's workspace, so another workspace
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +84,24 @@ def reject_repeated_query_parameters(run: Callable[..., HttpResponseBase]) -> Ca
                 return JsonResponse(
                     {"detail": f"query parameter {name!r} is given more than once"}, status=422
                 )
+        return run(request, *args, **kwargs)
+
+    return wrapper
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def reject_malformed_path_ids(run: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+    """Answer 422 when a path parameter (every one of the API's is an integer id) is not
+    written as an integer: pydantic's lax parsing would read " 6" or "\n6" as 6 and accept a
+    request the published schema forbids."""
+
+    @functools.wraps(run)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        for name, value in kwargs.items():
+            if isinstance(value, str) and not _INTEGER.fullmatch(value):
+                return JsonResponse({"detail": f"path parameter {name!r} must be an integer"}, status=422)
         return run(request, *args, **kwargs)
 
     return wrapper

@@ -937,3 +937,17 @@ def test_a_query_parameter_given_twice_is_refused(agent, path):
     response = agent.get(path)
     assert response.status_code == 422
     assert "more than once" in response.body["detail"]
+
+
+@pytest.mark.parametrize("raw", ["%0A{}", "%20{}", "{}%20", "+{}", "{}.0", "{}_0"])
+@pytest.mark.parametrize("route", ["/entries/{}", "/entries/{}/reinforce", "/maintenance/runs/{}"])
+def test_a_path_id_not_written_as_an_integer_is_refused(workspace, agent, raw, route):
+    # pydantic's lax parsing read "\n6" as 6 (found by the schema fuzz test: a reinforce of
+    # "%0A6" was answered 200); the schema says integer.
+    entry = make(workspace)
+    method = agent.post if route.endswith("reinforce") else agent.get
+    response = method(route.format(raw.format(entry.pk)))
+    assert response.status_code == 422, response.body
+    assert "must be an integer" in response.body["detail"]
+    assert method(route.format(entry.pk)).status_code in (200, 404)  # the plain id still works
+    assert agent.get("/entries/-1").status_code == 404  # a negative id is not found, as before
