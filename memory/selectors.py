@@ -307,8 +307,12 @@ def entry_detail(workspace: Workspace, entry_id: int, *, now: datetime) -> Entry
 
 def entry_versions(workspace: Workspace, entry: Entry) -> QuerySet[Entry]:
     """Every version of the entry's lineage, oldest first (a page gets its tags with
-    ``with_tag_names``)."""
-    return Entry.objects.filter(workspace=workspace, lineage_id=_lineage(entry)).order_by("created_at", "pk")
+    ``with_tag_names``). A tombstoned lineage is not found, as in ``entry_detail``: its
+    content shows only on the tombstone's own pages and endpoints (SPEC §3)."""
+    versions = Entry.objects.filter(workspace=workspace, lineage_id=_lineage(entry))
+    if versions.filter(is_latest=True, status=Status.TOMBSTONED).exists():
+        raise NotFound(f"entry {entry.pk} not found")
+    return versions.order_by("created_at", "pk")
 
 
 def entry_history(workspace: Workspace, entry: Entry) -> QuerySet[LifecycleEvent]:

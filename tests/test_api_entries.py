@@ -951,3 +951,45 @@ def test_a_path_id_not_written_as_an_integer_is_refused(workspace, agent, raw, r
     assert "must be an integer" in response.body["detail"]
     assert method(route.format(entry.pk)).status_code in (200, 404)  # the plain id still works
     assert agent.get("/entries/-1").status_code == 404  # a negative id is not found, as before
+
+
+def test_a_tombstoned_lineages_versions_are_not_found_but_its_history_is_kept(workspace, agent):
+    old = make(workspace, "First.")
+    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="Second.").entry
+    assert agent.get(f"/entries/{old.pk}/versions").body["count"] == 2
+    services.entry_tombstone(workspace=workspace, entry_id=new.pk)
+    for version in (old, new):
+        response = agent.get(f"/entries/{version.pk}/versions")
+        assert response.status_code == 404 and "First." not in json.dumps(response.body)
+    # The lifecycle events carry no content: the audit trail of why it went stays readable.
+    history = agent.get(f"/entries/{old.pk}/history").body
+    assert history["items"][0]["to_status"] == "tombstoned"
+    services.entry_restore(workspace=workspace, entry_id=new.pk)
+    assert agent.get(f"/entries/{old.pk}/versions").body["count"] == 2
+
+
+@pytest.mark.parametrize(
+    "method, path, status",
+    [
+        ("get", "/nope", 404),
+        ("get", "/entries/1/", 404),  # a trailing slash is not an endpoint
+        ("post", "/entries/1/versions", 405),
+        ("put", "/entries/1", 405),
+        ("put", "/maintenance/run", 405),
+        ("delete", "/search", 405),
+    ],
+)
+@pytest.mark.parametrize("authenticated", [True, False])
+def test_unknown_paths_and_methods_answer_the_json_error_shape(agent, method, path, status, authenticated):
+    headers = agent.headers if authenticated else {}
+    response = getattr(agent.client, method)(API + path, **headers)
+    assert response.status_code == status
+    assert response["Content-Type"] == "application/json"
+    assert set(response.json()) == {"detail"} and response.json()["detail"]
+    if status == 405:
+        assert response["Allow"]  # which methods the path does take
+
+
+def test_pages_outside_the_api_keep_their_html_errors(db, client):
+    response = client.get("/no-such-page/")
+    assert response.status_code == 404 and "application/json" not in response["Content-Type"]

@@ -4,6 +4,7 @@ against its own migrated SQLite file, answering pages, API, static files and web
 import asyncio
 import concurrent.futures
 import http.cookiejar
+import json
 import os
 import re
 import socket
@@ -87,6 +88,19 @@ def test_it_serves_the_api_and_its_docs_without_a_cdn(server):
     assert "cdn" not in html.lower()
     assert _get(f"{server['base']}/static/ninja/swagger-ui-bundle.js").status == 200
     assert _get(f"{server['base']}/api/v1/openapi.json").status == 200
+
+
+def test_its_unknown_api_paths_and_methods_answer_json(server):
+    missing = _get(f"{server['base']}/api/v1/no-such-endpoint")
+    assert missing.status == 404 and missing.headers["Content-Type"] == "application/json"
+    assert set(json.loads(missing.read())) == {"detail"}
+    request = urllib.request.Request(f"{server['base']}/api/v1/health", method="DELETE")
+    try:
+        urllib.request.urlopen(request, timeout=5)
+        raise AssertionError("DELETE /health was accepted")
+    except urllib.error.HTTPError as refused:
+        assert refused.code == 405 and refused.headers["Content-Type"] == "application/json"
+        assert "GET" in refused.headers["Allow"] and set(json.loads(refused.read())) == {"detail"}
 
 
 def test_it_serves_admin_with_its_static_files(server):
