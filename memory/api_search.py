@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memory.api import ERRORS
 from memory.auth import require
-from memory.search import LIMIT_MAX, search
+from memory.search import LIMIT_MAX, OFFSET_MAX, search
 
 router = Router(tags=["search"])
 
@@ -33,14 +33,15 @@ class SearchHitOut(BaseModel):
 class SearchOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
-    count: int = Field(description="all matches; items are the best `limit` of them")
+    count: int = Field(description="all matches; items are `limit` of them from `offset` on, best first")
     count_exact: bool = Field(
         description="false when `count` is PostgreSQL's estimate (a broad query, see `ranked`)"
     )
     ranked: int = Field(
         description="matches that were ranked: `count` when every match was; for a broad query "
         "(more matches than sqrt(50 x the workspace's visible entries), at least 2,000) only "
-        "its 100 most important matches are ranked"
+        "its 100 most important matches are ranked, and pages past them list its further "
+        "matches by importance"
     )
     items: list[SearchHitOut]
 
@@ -50,6 +51,7 @@ def search_entries(
     request: HttpRequest,
     q: str,
     limit: int = Query(20, ge=1, le=LIMIT_MAX),
+    offset: int = Query(0, ge=0, le=OFFSET_MAX),
     include_archived: bool = False,
 ) -> dict[str, object]:
     """Latest active and stale entries matching ``q`` (archived ones with include_archived),
@@ -57,7 +59,7 @@ def search_entries(
     or. An empty ``q`` or one over 500 characters is 422; stop words alone find nothing.
     A broad query ranks only its most important matches (``ranked``)."""
     who = require(request, "viewer")
-    result = search(who.workspace, q, limit=limit, include_archived=include_archived)
+    result = search(who.workspace, q, limit=limit, offset=offset, include_archived=include_archived)
     return {
         "count": result.count,
         "count_exact": result.count_exact,

@@ -27,9 +27,11 @@ workspace's entries in importance order (an index scan, ~2.6 us per entry; broad
 dense) until RANK_CAP of them match. A narrower query ranks every match exactly. The threshold
 balances the two: either way a query costs about as much as ranking 6,800 matches
 (bench/reports/api.md measures it). The result says which: ``ranked`` is the number of matches
-that were ranked. PostgreSQL decides from the planner's estimate of the matches (from the
-tsvector statistics) and then reports that estimate as ``count`` (``count_exact`` false);
-SQLite counts its matches exactly.
+that were ranked. Pages (``limit`` up to 500 from ``offset``, as every list) are slices of one
+order: a broad query lists its RANK_CAP ranked matches first, then its further matches by
+importance (the walk goes as far as the page reaches). PostgreSQL decides from the planner's
+estimate of the matches (from the tsvector statistics) and then reports that estimate as
+``count`` (``count_exact`` false); SQLite counts its matches exactly.
 
 (A covering index that would make the walk index-only cannot carry the tsvector: a long
 entry's tsvector exceeds a btree row's 2,704 bytes.)
@@ -55,7 +57,8 @@ from memory.errors import InvalidInput
 from memory.models import Entry, Status, Workspace
 
 Q_MAX = 500  # characters
-LIMIT_MAX = 100
+LIMIT_MAX = 500  # the bounds of every list page (SPEC §5; memory.schemas.PAGE_MAX, OFFSET_MAX)
+OFFSET_MAX = 1_000_000_000
 MARK_START = "«"
 MARK_END = "»"
 SNIPPET_WORDS = 24  # words around the first match, on both backends
@@ -192,14 +195,17 @@ def search(
     q: str,
     *,
     limit: int = 20,
+    offset: int = 0,
     include_archived: bool = False,
 ) -> SearchResult:
-    """The best ``limit`` latest entries of ``workspace`` matching ``q``, with the total count
-    (an estimate for a broad query on PostgreSQL, see the module docstring).
+    """The best latest entries of ``workspace`` matching ``q``, ``limit`` of them from
+    ``offset`` on, with the total count (an estimate for a broad query on PostgreSQL, see the
+    module docstring). Pages are slices of one order: a broad query's RANK_CAP ranked matches
+    first, then its further matches by importance.
 
-    Two SQL statements (up to four for a broad query on PostgreSQL). An empty or too long
-    ``q`` or an out-of-range ``limit`` is InvalidInput; a ``q`` of only stop words or
-    punctuation finds nothing.
+    Two SQL statements (up to four for a broad query on PostgreSQL; one more for a page past
+    the last match). An empty or too long ``q`` or an out-of-range ``limit`` or ``offset`` is
+    InvalidInput; a ``q`` of only stop words or punctuation finds nothing.
     """
     if not isinstance(q, str) or not q.strip():
         raise InvalidInput("q: must not be empty")
@@ -207,6 +213,8 @@ def search(
         raise InvalidInput(f"q: {len(q)} characters, at most {Q_MAX} allowed")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= LIMIT_MAX:
         raise InvalidInput(f"limit: must be between 1 and {LIMIT_MAX}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= OFFSET_MAX:
+        raise InvalidInput(f"offset: must be between 0 and {OFFSET_MAX}")
     parsed = parse_query(q)
     if not parsed.groups:
         return SearchResult(count=0, hits=[])
@@ -215,9 +223,9 @@ def search(
     if include_archived:
         statuses.append(Status.ARCHIVED.value)
     if connection.vendor == "postgresql":
-        found = _search_postgresql(workspace.pk, parsed, statuses, limit)
+        found = _search_postgresql(workspace.pk, parsed, statuses, limit, offset)
     elif connection.vendor == "sqlite":
-        found = _search_sqlite(workspace.pk, parsed, statuses, limit)
+        found = _search_sqlite(workspace.pk, parsed, statuses, limit, offset)
     else:  # pragma: no cover - only the two supported databases have an index
         raise NotImplementedError(f"search is not available on {connection.vendor}")
 
@@ -266,7 +274,7 @@ SELECT e.id, e.title,
            %(zwsp)s, ''),
        r.score, e.importance, e.status, e.entry_type, e.created_at, r.total
 FROM ranked r JOIN memory_entry e ON e.id = r.id
-ORDER BY r.score DESC, r.importance DESC, r.id DESC
+ORDER BY r.top DESC, CASE WHEN r.top THEN r.score END DESC, r.importance DESC, r.id DESC
 """
 # querytree() is 'T' for a query that only excludes: a guard should PostgreSQL's parser drop
 # a word this module kept, since such a query would match everything without the excluded word.
@@ -288,15 +296,17 @@ WITH matches AS MATERIALIZED (
     + """
 ),
 ranked AS (
-    SELECT id, score, importance, count(*) OVER () AS total
+    SELECT id, score, importance, true AS top, count(*) OVER () AS total
     FROM matches
     ORDER BY score DESC, importance DESC, id DESC
-    LIMIT %(limit)s
+    LIMIT %(limit)s OFFSET %(offset)s
 )"""
     + _POSTGRESQL_HEADLINE
 )
 # A broad query: walk the workspace's entries by importance (at most %(walk)s of them, a
-# bound in case the estimate was too high), keep the first %(cap)s matches, rank those.
+# bound in case the estimate was too high) for its first %(depth)s matches (the page's end,
+# at least %(cap)s); the first %(cap)s of them ("top") are ranked, the rest follow in
+# importance order.
 _POSTGRESQL_BROAD_SQL = (
     """
 WITH walked AS (
@@ -311,13 +321,18 @@ candidates AS MATERIALIZED (
     FROM walked w, websearch_to_tsquery('english', %(q)s) AS query
     WHERE w.search_vector @@ query AND querytree(query) <> 'T'
     ORDER BY w.importance DESC, w.id DESC
-    LIMIT %(cap)s
+    LIMIT %(depth)s
+),
+numbered AS (
+    SELECT c.id, c.score, c.importance,
+           row_number() OVER (ORDER BY c.importance DESC, c.id DESC) <= %(cap)s AS top
+    FROM candidates c
 ),
 ranked AS (
-    SELECT c.id, c.score, c.importance, (SELECT count(*) FROM candidates) AS total
-    FROM candidates c
-    ORDER BY c.score DESC, c.importance DESC, c.id DESC
-    LIMIT %(limit)s
+    SELECT n.id, n.score, n.importance, n.top, (SELECT count(*) FROM candidates) AS total
+    FROM numbered n
+    ORDER BY n.top DESC, CASE WHEN n.top THEN n.score END DESC, n.importance DESC, n.id DESC
+    LIMIT %(limit)s OFFSET %(offset)s
 )"""
     + _POSTGRESQL_HEADLINE
 )
@@ -344,12 +359,15 @@ def _estimate(cursor: Any, params: dict[str, Any]) -> int:
     return estimate
 
 
-def _search_postgresql(workspace_id: int, parsed: ParsedQuery, statuses: list[str], limit: int) -> _Found:
+def _search_postgresql(
+    workspace_id: int, parsed: ParsedQuery, statuses: list[str], limit: int, offset: int
+) -> _Found:
     params: dict[str, Any] = {
         "q": parsed.websearch(),
         "workspace": workspace_id,
         "statuses": statuses,
         "limit": limit,
+        "offset": offset,
         "zwsp": _ZWSP,
         "headline": (
             f'StartSel="{MARK_START}", StopSel="{MARK_END}", '
@@ -367,16 +385,33 @@ def _search_postgresql(workspace_id: int, parsed: ParsedQuery, statuses: list[st
             # estimate can exceed the entries it has.
             estimate = min(estimate, visible)
             if estimate > broad_threshold(visible):
-                walk = min(visible, math.ceil(4 * RANK_CAP * visible / estimate))
-                cursor.execute(_POSTGRESQL_BROAD_SQL, {**params, "cap": RANK_CAP, "walk": walk})
+                depth = max(RANK_CAP, offset + limit)
+                walk = min(visible, math.ceil(4 * depth * visible / estimate))
+                broad = {**params, "cap": RANK_CAP, "depth": depth, "walk": walk}
+                cursor.execute(_POSTGRESQL_BROAD_SQL, broad)
                 rows = cursor.fetchall()
-                if rows and rows[0][8] >= RANK_CAP:
-                    count = max(estimate, RANK_CAP)
+                found = rows[0][8] if rows else 0
+                if found >= RANK_CAP and (found >= depth or walk == visible):
+                    if walk == visible and found < depth:  # walked them all: an exact count
+                        return _Found(rows=rows, count=found, ranked=RANK_CAP)
+                    count = max(estimate, found)
                     return _Found(rows=rows, count=count, ranked=RANK_CAP, count_exact=False)
+                if not rows and offset:  # a page past the walk's matches: past them all?
+                    cursor.execute("SELECT count(*)" + _POSTGRESQL_MATCHES, params)
+                    count = cursor.fetchone()[0]
+                    if count <= offset:
+                        ranked = min(count, RANK_CAP) if count > broad_threshold(visible) else count
+                        return _Found(rows=[], count=count, ranked=ranked)
                 # Fewer matches than the estimate said: rank them all after all.
         cursor.execute(_POSTGRESQL_SQL, params)
         rows = cursor.fetchall()
-    total = rows[0][8] if rows else 0
+        if rows:
+            total = rows[0][8]
+        elif offset:  # a page past the last match: count them apart
+            cursor.execute("SELECT count(*)" + _POSTGRESQL_MATCHES, params)
+            total = cursor.fetchone()[0]
+        else:
+            total = 0
     return _Found(rows=rows, count=total, ranked=total)
 
 
@@ -386,60 +421,79 @@ def _search_postgresql(workspace_id: int, parsed: ParsedQuery, statuses: list[st
 # to the returned rowids: for the returned rows only, not for every match. CROSS JOIN fixes
 # SQLite's join order: left to right, the index first (the planner otherwise may walk the
 # workspace's entries and run the full-text query once per entry). A broad query (more
-# matches than the threshold) ranks only its most important RANK_CAP matches (LIMIT -1: all).
-_SQLITE_SQL = """
+# matches than the threshold) ranks only its most important RANK_CAP matches ("top"; the
+# rest follow by importance) and needs only as many as the page reaches (LIMIT -1: all).
+_SQLITE_MATCHES = """
 WITH matches AS MATERIALIZED (
-    SELECT e.id, -bm25(memory_entry_fts, %s, %s) AS score, e.importance
+    SELECT e.id, -bm25(memory_entry_fts, %(title_weight)s, %(content_weight)s) AS score, e.importance
     FROM memory_entry_fts CROSS JOIN memory_entry e ON e.id = memory_entry_fts.rowid
-    WHERE memory_entry_fts MATCH %s
-      AND e.workspace_id = %s
+    WHERE memory_entry_fts MATCH %(match)s
+      AND e.workspace_id = %(workspace)s
       AND e.is_latest
       AND e.status IN ({statuses})
+)"""
+_SQLITE_SQL = (
+    _SQLITE_MATCHES
+    + """,
+total AS MATERIALIZED (
+    SELECT count(*) AS n, CASE WHEN count(*) > %(threshold)s THEN %(cap)s ELSE count(*) END AS cap
+    FROM matches
 ),
-total AS MATERIALIZED (SELECT count(*) AS n FROM matches),
 candidates AS MATERIALIZED (
-    SELECT id, score, importance FROM matches
+    SELECT id, score, importance,
+           row_number() OVER (ORDER BY importance DESC, id DESC) <= (SELECT cap FROM total) AS top
+    FROM matches
     ORDER BY importance DESC, id DESC
-    LIMIT CASE WHEN (SELECT n FROM total) > %s THEN %s ELSE -1 END
+    LIMIT CASE WHEN (SELECT n FROM total) > %(threshold)s THEN %(depth)s ELSE -1 END
 ),
 ranked AS MATERIALIZED (
-    SELECT id, score, importance, (SELECT n FROM total) AS total,
-           (SELECT count(*) FROM candidates) AS ranked
+    SELECT id, score, importance, top, (SELECT n FROM total) AS total,
+           min((SELECT n FROM total), (SELECT cap FROM total)) AS ranked
     FROM candidates
-    ORDER BY score DESC, importance DESC, id DESC
-    LIMIT %s
+    ORDER BY top DESC, CASE WHEN top THEN score END DESC, importance DESC, id DESC
+    LIMIT %(limit)s OFFSET %(offset)s
 )
 SELECT e.id, e.title,
-       snippet(memory_entry_fts, 1, %s, %s, '', %s),
+       snippet(memory_entry_fts, 1, %(start)s, %(end)s, '', %(words)s),
        r.score, e.importance, e.status, e.entry_type, e.created_at, r.total, r.ranked
 FROM ranked r
 CROSS JOIN memory_entry_fts ON memory_entry_fts.rowid = r.id
 CROSS JOIN memory_entry e ON e.id = r.id
-WHERE memory_entry_fts MATCH %s
-ORDER BY r.score DESC, r.importance DESC, r.id DESC
+WHERE memory_entry_fts MATCH %(match)s
+ORDER BY r.top DESC, CASE WHEN r.top THEN r.score END DESC, r.importance DESC, r.id DESC
 """
+)
+_SQLITE_COUNT_SQL = _SQLITE_MATCHES + "\nSELECT count(*) FROM matches"
 
 
-def _search_sqlite(workspace_id: int, parsed: ParsedQuery, statuses: list[str], limit: int) -> _Found:
-    sql = _SQLITE_SQL.format(statuses=", ".join(["%s"] * len(statuses)))
-    match = parsed.fts5()
-    params: list[Any] = [
-        TITLE_WEIGHT,
-        CONTENT_WEIGHT,
-        match,
-        workspace_id,
-        *statuses,
-        broad_threshold(_visible(workspace_id, statuses)),
-        RANK_CAP,
-        limit,
-        MARK_START,
-        MARK_END,
-        SNIPPET_WORDS,
-        match,
-    ]
+def _search_sqlite(
+    workspace_id: int, parsed: ParsedQuery, statuses: list[str], limit: int, offset: int
+) -> _Found:
+    names = [f"status{i}" for i in range(len(statuses))]
+    in_statuses = ", ".join(f"%({name})s" for name in names)
+    params: dict[str, Any] = {
+        "title_weight": TITLE_WEIGHT,
+        "content_weight": CONTENT_WEIGHT,
+        "match": parsed.fts5(),
+        "workspace": workspace_id,
+        **dict(zip(names, statuses, strict=True)),
+        "threshold": broad_threshold(_visible(workspace_id, statuses)),
+        "cap": RANK_CAP,
+        "depth": max(RANK_CAP, offset + limit),
+        "limit": limit,
+        "offset": offset,
+        "start": MARK_START,
+        "end": MARK_END,
+        "words": SNIPPET_WORDS,
+    }
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(_SQLITE_SQL.format(statuses=in_statuses), params)
         rows = cursor.fetchall()
+        if not rows and offset:  # a page past the last match: count them apart
+            cursor.execute(_SQLITE_COUNT_SQL.format(statuses=in_statuses), params)
+            count = cursor.fetchone()[0]
+            ranked = min(count, RANK_CAP) if count > params["threshold"] else count
+            return _Found(rows=[], count=count, ranked=ranked)
     if not rows:
         return _Found(rows=[], count=0, ranked=0)
     return _Found(rows=rows, count=rows[0][8], ranked=rows[0][9])

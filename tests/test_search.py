@@ -168,7 +168,9 @@ def test_a_broad_query_ranks_only_its_most_important_matches(workspace, small_bo
     result = search(workspace, "retry", limit=10)
 
     assert result.ranked == 4
-    assert {h.id for h in result.hits} == most_important
+    assert {h.id for h in result.hits[:4]} == most_important
+    # Past the ranked ones the page goes on with the further matches, by importance.
+    assert [h.id for h in result.hits[4:]] == [e.pk for e in reversed(made[19:25])]
     assert made[-1].pk not in {h.id for h in result.hits}
     if connection.vendor == "postgresql":  # the planner's estimate, flagged as one
         assert result.count_exact is False
@@ -201,6 +203,53 @@ def test_a_broad_estimate_that_finds_too_few_matches_ranks_them_all(workspace, s
     assert (result.count, result.count_exact, result.ranked) == (2, True, 2)
     if connection.vendor == "postgresql":
         assert any("walked" in q["sql"] for q in queries.captured_queries)
+
+
+def _pages(workspace: Workspace, q: str, size: int, total: int) -> list[int]:
+    ids: list[int] = []
+    for offset in range(0, total, size):
+        ids += [h.id for h in search(workspace, q, limit=size, offset=offset).hits]
+    return ids
+
+
+def test_pages_of_a_narrow_query_are_slices_of_one_ranking(workspace, small_bounds):
+    _bulk(workspace, [("retry " * (1 + n % 4) + f"note {n}", n / 10) for n in range(9)])
+
+    whole = search(workspace, "retry", limit=9)
+    paged = _pages(workspace, "retry", size=2, total=9)
+
+    assert paged == [h.id for h in whole.hits] and len(set(paged)) == 9
+    page = search(workspace, "retry", limit=2, offset=8)
+    assert (len(page.hits), page.count, page.ranked) == (1, 9, 9)
+
+
+def test_pages_of_a_broad_query_are_slices_of_one_order(workspace, small_bounds):
+    # 30 matches, 4 ranked: pages first give those four by text rank, then the other 26 by
+    # importance; every match once, whatever the page size.
+    made = _bulk(workspace, [("retry " * (1 + n % 3) + f"note {n}", 0.1 + n / 100) for n in range(30)])
+    by_importance = [e.pk for e in reversed(made)]
+
+    for size in (3, 4, 7):
+        paged = _pages(workspace, "retry", size=size, total=30)
+        assert sorted(paged[:4]) == sorted(by_importance[:4]), size
+        assert paged[4:] == by_importance[4:], size
+    first = search(workspace, "retry", limit=4)
+    assert [h.id for h in first.hits] == _pages(workspace, "retry", size=1, total=4)
+    ranks = [h.rank for h in first.hits]
+    assert ranks == sorted(ranks, reverse=True) and ranks[0] > ranks[-1]
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["narrow", "broad"])
+def test_a_page_past_the_last_match_is_empty_and_still_counts(workspace, small_bounds, many):
+    _bulk(workspace, [(f"retry note {n}", n / 100) for n in range(30 if many else 5)])
+
+    page = search(workspace, "retry", limit=5, offset=40)
+
+    assert page.hits == []
+    assert page.count == (30 if many else 5) and page.count_exact
+    assert page.ranked == (4 if many else 5)
+    body = _client(workspace).get("/api/v1/search", {"q": "retry", "offset": 40}).json()
+    assert body["items"] == [] and body["count"] == page.count
 
 
 def test_the_endpoint_says_when_the_count_is_an_estimate(workspace, small_bounds):
@@ -376,9 +425,13 @@ def test_an_empty_or_too_long_query_or_a_bad_limit_is_invalid(workspace):
     with pytest.raises(InvalidInput):
         search(workspace, "x" * 501)
     search(workspace, "x" * 500)
-    for limit in [0, 101, -1]:
+    for limit in [0, 501, -1, True]:
         with pytest.raises(InvalidInput):
             search(workspace, "x", limit=limit)
+    for offset in [-1, 10**9 + 1, 1.5, False]:
+        with pytest.raises(InvalidInput):
+            search(workspace, "x", offset=offset)
+    search(workspace, "x", limit=500, offset=10**9)
 
 
 def test_every_term_reaches_the_database_quoted():
@@ -453,7 +506,9 @@ def test_an_empty_query_is_422_not_500(workspace):
         {},
         {"q": "x" * 501},
         {"q": "x", "limit": 0},
-        {"q": "x", "limit": 101},
+        {"q": "x", "limit": 501},
+        {"q": "x", "offset": -1},
+        {"q": "x", "offset": "two"},
     ]:
         response = client.get("/api/v1/search", params)
         assert response.status_code == 422, (params, response.content)
