@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import platform
 import random
@@ -849,16 +850,47 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
     # The shipped search() alone, one query at a time, split by whether the query was broad.
     broad = f"broad (the {search_mod.RANK_CAP} most important ranked)"
     sql_times: dict[str, list[float]] = {"all queries": [], "exact ranking": [], broad: []}
-    for q in [q for q in queries[:200] if search_mod.parse_query(q).groups]:
+    per_query: list[tuple[float, str, int, int, bool]] = []
+    for q in [q for q in queries[:SEARCH_DIAGNOSE_QUERIES] if search_mod.parse_query(q).groups]:
         t = time.perf_counter()
         result = search_mod.search(ws, q, limit=20)
         ms = 1000 * (time.perf_counter() - t)
         sql_times["all queries"].append(ms)
         is_broad = (result.ranked or 0) < result.count or not result.count_exact
         sql_times[broad if is_broad else "exact ranking"].append(ms)
+        per_query.append((ms, q, result.count, result.ranked or 0, is_broad))
     out["search_sql"] = {k: sorted(v) for k, v in sql_times.items() if v}
+    out["search_slowest"] = sorted(per_query, reverse=True)[:10]
+    # The two ways to rank, per unit of work (least-squares lines, so that a query's fixed cost
+    # is not counted per unit): an exact query per match ranked, a broad one per entry walked
+    # (expected RANK_CAP x visible / matches: the matches are spread over the walk).
+    visible = search_mod._visible(ws.pk, ["active", "stale"])
+    exact = [(n, ms) for ms, _, n, _, b in per_query if not b and n >= 500]
+    walked = [(search_mod.RANK_CAP * visible / n, ms) for ms, _, n, _, b in per_query if b and n]
+    if len(exact) > 2 and len(walked) > 2:
+        rank = statistics.linear_regression(*zip(*exact, strict=True))
+        walk = statistics.linear_regression(*zip(*walked, strict=True))
+        out["search_costs"] = {
+            "exact": (rank.intercept, 1000 * rank.slope, len(exact)),
+            "walk": (walk.intercept, 1000 * walk.slope, len(walked)),
+            "visible": visible,
+            "break_even": math.sqrt(search_mod.RANK_CAP * visible * max(walk.slope, 0) / rank.slope)
+            if rank.slope > 0
+            else float("nan"),
+            "threshold": search_mod.broad_threshold(visible),
+            "walk_ratio": rank.slope / walk.slope if walk.slope > 0 else float("nan"),
+        }
     connection.close()
     return out
+
+
+SEARCH_DIAGNOSE_QUERIES = 400
+
+
+def search_mod_ratio() -> int:
+    from memory.search import WALK_RATIO
+
+    return WALK_RATIO
 
 
 PROFILE_FILTER = (
@@ -1256,7 +1288,8 @@ def render_diagnosis(d: dict[str, Any]) -> list[str]:
     if d.get("search_sql"):
         L += [
             "",
-            "`memory.search.search()` alone, one query at a time (the first 200 queries of the "
+            f"`memory.search.search()` alone, one query at a time (the first {SEARCH_DIAGNOSE_QUERIES} "
+            "queries of the "
             "benchmark's mix, limit 20, in ms; 'broad' are the queries that ranked only their most "
             "important matches, found by walking the importance index):",
             "",
@@ -1268,6 +1301,28 @@ def render_diagnosis(d: dict[str, Any]) -> list[str]:
                 f"| {label} | {len(xs)} | {_pct(xs, 0.5):.1f} | {_pct(xs, 0.9):.1f} | {_pct(xs, 0.95):.1f} | "
                 f"{_pct(xs, 0.99):.1f} | {xs[-1]:.1f} |"
             )
+    if d.get("search_slowest"):
+        L += [
+            "",
+            "The slowest of them:",
+            "",
+            "| ms | query | matches | ranked | how |",
+            "| ---: | --- | ---: | ---: | --- |",
+        ]
+        for ms, q, n, ranked, is_broad in d["search_slowest"]:
+            L.append(f"| {ms:.1f} | `{q}` | {n:,} | {ranked:,} | {'broad' if is_broad else 'exact'} |")
+    if c := d.get("search_costs"):
+        (ea, eb, en), (wa, wb, wn) = c["exact"], c["walk"]
+        L += [
+            "",
+            f"Per unit of work (least-squares lines over those queries): exact ranking {ea:.1f} ms + "
+            f"{eb:.2f} µs per match ({en} exact queries with ≥ 500 matches); the broad walk "
+            f"{wa:.1f} ms + {wb:.2f} µs per entry walked ({wn} broad queries; entries walked "
+            f"estimated as RANK_CAP × {c['visible']:,} visible / matches). A match ranked costs "
+            f"{c['walk_ratio']:.1f} entries walked (`WALK_RATIO` assumes {search_mod_ratio()}); the "
+            f"two ways cost the same at sqrt(RANK_CAP × visible × walk / rank) ≈ "
+            f"{c['break_even']:,.0f} matches, and `broad_threshold` is {c['threshold']:,}.",
+        ]
     for label, plan in d.get("plans", {}).items():
         L += [
             "",
