@@ -867,9 +867,12 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
     visible = search_mod._visible(ws.pk, ["active", "stale"])
     exact = [(n, ms) for ms, _, n, _, b in per_query if not b and n >= 500]
     walked = [(search_mod.RANK_CAP * visible / n, ms) for ms, _, n, _, b in per_query if b and n]
-    if len(exact) > 2 and len(walked) > 2:
+    try:  # a line needs two distinct x values at least
         rank = statistics.linear_regression(*zip(*exact, strict=True))
         walk = statistics.linear_regression(*zip(*walked, strict=True))
+    except (statistics.StatisticsError, TypeError, ValueError):
+        rank = walk = None
+    if rank and walk:
         out["search_costs"] = {
             "exact": (rank.intercept, 1000 * rank.slope, len(exact)),
             "walk": (walk.intercept, 1000 * walk.slope, len(walked)),

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any
 
-from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
-from django.utils.decorators import sync_and_async_middleware
 
 API_PREFIX = "/api/v1/"
 
@@ -30,25 +27,24 @@ def _json_error(response: HttpResponseBase) -> HttpResponseBase:
     except ValueError:
         reason = "client error"
     replaced = JsonResponse({"detail": _DETAIL.get(status, reason)}, status=status)
-    for header in ("Allow", "Retry-After", "WWW-Authenticate"):
-        if header in response:
-            replaced[header] = response[header]
+    # Everything the inner layers set stays: Allow, security headers, Vary, cookies.
+    for header, value in response.items():
+        if header.lower() not in ("content-type", "content-length"):
+            replaced[header] = value
+    replaced.cookies = response.cookies
+    response.close()
     return replaced
 
 
-@sync_and_async_middleware
-def api_json_errors(get_response: Callable[[HttpRequest], Any]) -> Callable[[HttpRequest], Any]:
-    """Every 4xx under /api/v1/ is JSON ``{"detail": ...}`` (SPEC §5), whichever layer made it."""
-    if iscoroutinefunction(get_response):
-
-        async def middleware_async(request: HttpRequest) -> HttpResponseBase:
-            response = await get_response(request)
-            return _json_error(response) if request.path.startswith(API_PREFIX) else response
-
-        return middleware_async
+def api_json_errors(
+    get_response: Callable[[HttpRequest], HttpResponseBase],
+) -> Callable[[HttpRequest], HttpResponseBase]:
+    """Every 4xx under /api/v1/ is JSON ``{"detail": ...}`` (SPEC §5), whichever layer made it.
+    Synchronous only: WhiteNoise, next in the chain, is, so the chain runs synchronously
+    under ASGI too."""
 
     def middleware(request: HttpRequest) -> HttpResponseBase:
         response = get_response(request)
-        return _json_error(response) if request.path.startswith(API_PREFIX) else response
+        return _json_error(response) if request.path_info.startswith(API_PREFIX) else response
 
     return middleware

@@ -23,7 +23,10 @@ class SearchHitOut(BaseModel):
     id: int
     title: str
     snippet: str  # plain text; matched words between « and »
-    rank: float  # higher is better; comparable within one response only
+    rank: float | None = Field(
+        description="higher is better, comparable within one response only; null for a broad "
+        "query's matches past its ranked ones (listed by importance, see `ranked`)"
+    )
     importance: float
     status: str
     entry_type: str
@@ -43,6 +46,8 @@ class SearchOut(BaseModel):
         "its 100 most important matches are ranked, and pages past them list its further "
         "matches by importance"
     )
+    limit: int
+    offset: int
     items: list[SearchHitOut]
 
 
@@ -64,5 +69,7 @@ def search_entries(
         "count": result.count,
         "count_exact": result.count_exact,
         "ranked": result.ranked,
+        "limit": limit,
+        "offset": offset,
         "items": result.hits,
     }

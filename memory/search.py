@@ -95,7 +95,7 @@ class SearchHit:
     id: int
     title: str
     snippet: str
-    rank: float  # higher is better; comparable within one result only
+    rank: float | None  # higher is better, within one result; None: not ranked (see RANK_CAP)
     importance: float
     status: str
     entry_type: str
@@ -203,9 +203,10 @@ def search(
     module docstring). Pages are slices of one order: a broad query's RANK_CAP ranked matches
     first, then its further matches by importance.
 
-    Two SQL statements (up to four for a broad query on PostgreSQL; one more for a page past
-    the last match). An empty or too long ``q`` or an out-of-range ``limit`` or ``offset`` is
-    InvalidInput; a ``q`` of only stop words or punctuation finds nothing.
+    One SQL statement for most searches, at most five (the planner's estimate, the visible
+    count and whether a query is broad are cached; a broad estimate that finds too few
+    matches ranks them all after all). An empty or too long ``q`` or an out-of-range ``limit``
+    or ``offset`` is InvalidInput; a ``q`` of only stop words or punctuation finds nothing.
     """
     if not isinstance(q, str) or not q.strip():
         raise InvalidInput("q: must not be empty")
@@ -234,7 +235,7 @@ def search(
             id=row[0],
             title=row[1],
             snippet=" ".join((row[2] or "").split()),
-            rank=float(row[3]),
+            rank=None if row[3] is None else float(row[3]),
             importance=float(row[4]),
             status=row[5],
             entry_type=row[6],
@@ -266,15 +267,19 @@ def _visible(workspace_id: int, statuses: list[str]) -> int:
 # after every "<" stops that (SQLite's snippet keeps them) and is taken out again afterwards.
 # The headline is computed for the returned rows only, not for every match.
 _ZWSP = "\u200b"
+# The page's rows hang off a one-row summary (LEFT JOIN), so the total comes back with an
+# empty page too: a page past the last match still says how many there are.
 _POSTGRESQL_HEADLINE = """
 SELECT e.id, e.title,
        replace(
            ts_headline('english', replace(e.content, '<', '<' || %(zwsp)s),
                        websearch_to_tsquery('english', %(q)s), %(headline)s),
            %(zwsp)s, ''),
-       r.score, e.importance, e.status, e.entry_type, e.created_at, r.total
-FROM ranked r JOIN memory_entry e ON e.id = r.id
-ORDER BY r.top DESC, CASE WHEN r.top THEN r.score END DESC, r.importance DESC, r.id DESC
+       r.score, e.importance, e.status, e.entry_type, e.created_at, s.total
+FROM (SELECT count(*) AS total FROM {counted}) s
+LEFT JOIN ranked r ON true
+LEFT JOIN memory_entry e ON e.id = r.id
+ORDER BY r.top DESC, r.score DESC, r.importance DESC, r.id DESC
 """
 # querytree() is 'T' for a query that only excludes: a guard should PostgreSQL's parser drop
 # a word this module kept, since such a query would match everything without the excluded word.
@@ -286,8 +291,8 @@ _POSTGRESQL_MATCHES = """
       AND e.is_latest
       AND e.status = ANY(%(statuses)s)
 """
-# The ranks are computed first (a materialized CTE), so the window that counts the matches
-# holds narrow rows, not every match's tsvector (which spilled to temp files).
+# The ranks are computed first (a materialized CTE of narrow rows, not every match's tsvector),
+# then sorted and counted.
 _POSTGRESQL_SQL = (
     """
 WITH matches AS MATERIALIZED (
@@ -296,49 +301,70 @@ WITH matches AS MATERIALIZED (
     + """
 ),
 ranked AS (
-    SELECT id, score, importance, true AS top, count(*) OVER () AS total
+    SELECT id, score, importance, true AS top
     FROM matches
     ORDER BY score DESC, importance DESC, id DESC
     LIMIT %(limit)s OFFSET %(offset)s
 )"""
-    + _POSTGRESQL_HEADLINE
+    + _POSTGRESQL_HEADLINE.format(counted="matches")
 )
-# A broad query: walk the workspace's entries by importance (at most %(walk)s of them, a
-# bound in case the estimate was too high) for its first %(depth)s matches (the page's end,
-# at least %(cap)s); the first %(cap)s of them ("top") are ranked, the rest follow in
-# importance order.
-_POSTGRESQL_BROAD_SQL = (
-    """
-WITH walked AS (
+# The workspace's visible entries in importance order, at most %(walk)s of them (NULL: all).
+_POSTGRESQL_WALK = """
     SELECT e.id, e.search_vector, e.importance
     FROM memory_entry e
     WHERE e.workspace_id = %(workspace)s AND e.is_latest AND e.status = ANY(%(statuses)s)
     ORDER BY e.importance DESC, e.id DESC
     LIMIT %(walk)s
-),
+"""
+# Whether a query is broad: do %(cap)s of its matches lie within the first %(walk)s entries?
+_POSTGRESQL_BROAD_CHECK = (
+    """
+SELECT count(*) FROM (
+    SELECT 1
+    FROM ("""
+    + _POSTGRESQL_WALK
+    + """) w, websearch_to_tsquery('english', %(q)s) AS query
+    WHERE w.search_vector @@ query AND querytree(query) <> 'T'
+    LIMIT %(cap)s
+) found"""
+)
+# A broad query's page: walk for its first %(depth)s matches (the page's end, at least
+# %(cap)s); the first %(cap)s of them ("top") are ranked by text, the rest follow by importance
+# (not ranked: no score).
+_POSTGRESQL_BROAD_SQL = (
+    """
+WITH walked AS ("""
+    + _POSTGRESQL_WALK
+    + """),
 candidates AS MATERIALIZED (
-    SELECT w.id, w.importance, ts_rank_cd(w.search_vector, query) AS score
+    SELECT w.id, w.importance, w.search_vector
     FROM walked w, websearch_to_tsquery('english', %(q)s) AS query
     WHERE w.search_vector @@ query AND querytree(query) <> 'T'
     ORDER BY w.importance DESC, w.id DESC
     LIMIT %(depth)s
 ),
 numbered AS (
-    SELECT c.id, c.score, c.importance,
+    SELECT c.id, c.importance, c.search_vector,
            row_number() OVER (ORDER BY c.importance DESC, c.id DESC) <= %(cap)s AS top
     FROM candidates c
 ),
 ranked AS (
-    SELECT n.id, n.score, n.importance, n.top, (SELECT count(*) FROM candidates) AS total
-    FROM numbered n
-    ORDER BY n.top DESC, CASE WHEN n.top THEN n.score END DESC, n.importance DESC, n.id DESC
+    SELECT n.id, n.importance, n.top,
+           CASE WHEN n.top THEN ts_rank_cd(n.search_vector, query) END AS score
+    FROM numbered n, websearch_to_tsquery('english', %(q)s) AS query
+    ORDER BY top DESC, score DESC, importance DESC, id DESC
     LIMIT %(limit)s OFFSET %(offset)s
 )"""
-    + _POSTGRESQL_HEADLINE
+    + _POSTGRESQL_HEADLINE.format(counted="candidates")
 )
 
 
 ESTIMATE_CACHE_SECONDS = 300  # the planner's statistics change only when the table is analysed
+
+
+def _cache_key(kind: str, params: dict[str, Any]) -> str:
+    words = json.dumps([params["workspace"], params["statuses"], params["q"]])
+    return f"search-{kind}:" + hashlib.sha256(words.encode()).hexdigest()
 
 
 def _estimate(cursor: Any, params: dict[str, Any]) -> int:
@@ -346,8 +372,7 @@ def _estimate(cursor: Any, params: dict[str, Any]) -> int:
     workspace, statuses and query: planning the EXPLAIN cost ~1 ms of every search. The
     estimate picks how to rank and is the ``count`` a broad query reports (flagged as an
     estimate); one up to 5 minutes old serves both."""
-    words = json.dumps([params["workspace"], params["statuses"], params["q"]])
-    key = "search-estimate:" + hashlib.sha256(words.encode()).hexdigest()
+    key = _cache_key("estimate", params)
     cached = cache.get(key)
     if cached is not None:
         return int(cached)
@@ -368,6 +393,7 @@ def _search_postgresql(
         "statuses": statuses,
         "limit": limit,
         "offset": offset,
+        "cap": RANK_CAP,
         "zwsp": _ZWSP,
         "headline": (
             f'StartSel="{MARK_START}", StopSel="{MARK_END}", '
@@ -385,34 +411,47 @@ def _search_postgresql(
             # estimate can exceed the entries it has.
             estimate = min(estimate, visible)
             if estimate > broad_threshold(visible):
-                depth = max(RANK_CAP, offset + limit)
-                walk = min(visible, math.ceil(4 * depth * visible / estimate))
-                broad = {**params, "cap": RANK_CAP, "depth": depth, "walk": walk}
-                cursor.execute(_POSTGRESQL_BROAD_SQL, broad)
-                rows = cursor.fetchall()
-                found = rows[0][8] if rows else 0
-                if found >= RANK_CAP and (found >= depth or walk == visible):
-                    if walk == visible and found < depth:  # walked them all: an exact count
-                        return _Found(rows=rows, count=found, ranked=RANK_CAP)
-                    count = max(estimate, found)
-                    return _Found(rows=rows, count=count, ranked=RANK_CAP, count_exact=False)
-                if not rows and offset:  # a page past the walk's matches: past them all?
-                    cursor.execute("SELECT count(*)" + _POSTGRESQL_MATCHES, params)
-                    count = cursor.fetchone()[0]
-                    if count <= offset:
-                        ranked = min(count, RANK_CAP) if count > broad_threshold(visible) else count
-                        return _Found(rows=[], count=count, ranked=ranked)
-                # Fewer matches than the estimate said: rank them all after all.
+                found = _search_broad(cursor, params, estimate, visible)
+                if found is not None:
+                    return found
         cursor.execute(_POSTGRESQL_SQL, params)
         rows = cursor.fetchall()
-        if rows:
-            total = rows[0][8]
-        elif offset:  # a page past the last match: count them apart
-            cursor.execute("SELECT count(*)" + _POSTGRESQL_MATCHES, params)
-            total = cursor.fetchone()[0]
-        else:
-            total = 0
+    total = rows[0][8]
+    rows = [row for row in rows if row[0] is not None]  # the summary row of an empty page
     return _Found(rows=rows, count=total, ranked=total)
+
+
+def _search_broad(cursor: Any, params: dict[str, Any], estimate: int, visible: int) -> _Found | None:
+    """A page of a query the estimate calls broad, or None if it is not broad after all.
+
+    Whether it is, is decided once per query (cached like the estimate), not per page, so
+    that every page is a slice of one order: broad if RANK_CAP matches lie within
+    4 x RANK_CAP x visible / estimate entries of the importance walk (four times as far as
+    the estimate says they should). A page then walks as far as its end needs."""
+    depth = max(RANK_CAP, params["offset"] + params["limit"])
+    bound = min(visible, math.ceil(4 * RANK_CAP * visible / estimate))
+    key = _cache_key("broad", params)
+    broad = cache.get(key)
+    if broad is None and depth > RANK_CAP:
+        cursor.execute(_POSTGRESQL_BROAD_CHECK, {**params, "walk": bound})
+        broad = cursor.fetchone()[0] >= RANK_CAP
+        cache.set(key, broad, ESTIMATE_CACHE_SECONDS)
+    if broad is False:
+        return None
+    # The first page's walk is bounded (it decides, if nothing has yet); a deeper page walks
+    # on until it has its matches or the workspace ends.
+    walk = bound if depth == RANK_CAP else None
+    cursor.execute(_POSTGRESQL_BROAD_SQL, {**params, "walk": walk, "depth": depth})
+    rows = cursor.fetchall()
+    found = rows[0][8]
+    rows = [row for row in rows if row[0] is not None]
+    if found < RANK_CAP:  # not within the bound (or no longer, the data having changed)
+        cache.set(key, False, ESTIMATE_CACHE_SECONDS)
+        return None
+    cache.set(key, True, ESTIMATE_CACHE_SECONDS)
+    if walk is None and found < depth:  # walked the whole workspace: every match counted
+        return _Found(rows=rows, count=found, ranked=RANK_CAP)
+    return _Found(rows=rows, count=max(estimate, found), ranked=RANK_CAP, count_exact=False)
 
 
 # bm25() is lower for better matches, hence the minus: "rank" is higher-is-better everywhere.
@@ -447,7 +486,7 @@ candidates AS MATERIALIZED (
     LIMIT CASE WHEN (SELECT n FROM total) > %(threshold)s THEN %(depth)s ELSE -1 END
 ),
 ranked AS MATERIALIZED (
-    SELECT id, score, importance, top, (SELECT n FROM total) AS total,
+    SELECT id, CASE WHEN top THEN score END AS score, importance, top, (SELECT n FROM total) AS total,
            min((SELECT n FROM total), (SELECT cap FROM total)) AS ranked
     FROM candidates
     ORDER BY top DESC, CASE WHEN top THEN score END DESC, importance DESC, id DESC
@@ -460,7 +499,7 @@ FROM ranked r
 CROSS JOIN memory_entry_fts ON memory_entry_fts.rowid = r.id
 CROSS JOIN memory_entry e ON e.id = r.id
 WHERE memory_entry_fts MATCH %(match)s
-ORDER BY r.top DESC, CASE WHEN r.top THEN r.score END DESC, r.importance DESC, r.id DESC
+ORDER BY r.top DESC, r.score DESC, r.importance DESC, r.id DESC
 """
 )
 _SQLITE_COUNT_SQL = _SQLITE_MATCHES + "\nSELECT count(*) FROM matches"

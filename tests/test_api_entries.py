@@ -990,6 +990,30 @@ def test_unknown_paths_and_methods_answer_the_json_error_shape(agent, method, pa
         assert response["Allow"]  # which methods the path does take
 
 
+def test_a_json_404_keeps_the_headers_the_inner_layers_set(db, settings):
+    settings.DEBUG = False
+    response = Client().get(API + "/nope", secure=True)
+    assert response.status_code == 404 and response["Content-Type"] == "application/json"
+    assert response["X-Content-Type-Options"] == "nosniff"
+    assert response["X-Frame-Options"] == "DENY"
+
+
+def test_the_async_middleware_chain_answers_json_too(db):
+    # Django's async request handler, as under any ASGI server other than ours
+    # (config.asgi; served for real in tests/test_serve.py).
+    from django.test import AsyncClient
+
+    from tests.test_asgi import _run
+
+    async def calls() -> tuple[Any, Any]:
+        return await AsyncClient().put(API + "/health"), await AsyncClient().get(API + "/nope")
+
+    refused, missing = _run(calls)
+    assert refused.status_code == 405 and refused["Content-Type"] == "application/json"
+    assert "GET" in refused["Allow"] and set(refused.json()) == {"detail"}
+    assert missing.status_code == 404 and missing["Content-Type"] == "application/json"
+
+
 def test_pages_outside_the_api_keep_their_html_errors(db, client):
     response = client.get("/no-such-page/")
     assert response.status_code == 404 and "application/json" not in response["Content-Type"]

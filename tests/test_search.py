@@ -5,7 +5,10 @@ input that raises."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
+from django.core.cache import cache
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -202,7 +205,8 @@ def test_a_broad_estimate_that_finds_too_few_matches_ranks_them_all(workspace, s
 
     assert (result.count, result.count_exact, result.ranked) == (2, True, 2)
     if connection.vendor == "postgresql":
-        assert any("walked" in q["sql"] for q in queries.captured_queries)
+        walks = [q for q in queries.captured_queries if "ORDER BY e.importance DESC, e.id DESC" in q["sql"]]
+        assert len(walks) == 1  # tried the walk once, then ranked exactly
 
 
 def _pages(workspace: Workspace, q: str, size: int, total: int) -> list[int]:
@@ -239,6 +243,54 @@ def test_pages_of_a_broad_query_are_slices_of_one_order(workspace, small_bounds)
     assert ranks == sorted(ranks, reverse=True) and ranks[0] > ranks[-1]
 
 
+def test_a_broad_querys_matches_past_the_ranked_ones_have_no_rank(workspace, small_bounds):
+    _bulk(workspace, [(f"retry note {n}", 0.1 + n / 100) for n in range(30)])
+
+    hits = search(workspace, "retry", limit=8).hits
+
+    assert all(h.rank is not None for h in hits[:4]) and all(h.rank is None for h in hits[4:])
+    body = _client(workspace).get("/api/v1/search", {"q": "retry", "limit": 8}).json()
+    assert [item["rank"] is None for item in body["items"]] == [False] * 4 + [True] * 4
+
+
+def _spread(workspace: Workspace, matching: Callable[[int], bool]) -> None:
+    """300 entries by falling importance; those ``matching`` their position mention retry."""
+    _bulk(
+        workspace,
+        [
+            (("retry " * (1 + n % 5) if matching(n) else "other ") + f"note {n}", 1.0 - n / 1000)
+            for n in range(300)
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    "matching",
+    [
+        lambda n: n < 8 or n >= 288,  # a few important matches, the rest far down the walk
+        lambda n: 100 <= n < 120,  # every match far down: not broad after all
+        lambda n: n % 15 == 0,  # spread evenly
+    ],
+    ids=["important-and-far", "all-far", "even"],
+)
+def test_pages_are_one_order_whatever_the_estimate_says(workspace, small_bounds, monkeypatch, matching):
+    # PostgreSQL decides broad or exact once per query, not per page: with an estimate of 60
+    # of 300 entries the walk is bounded to 4 x 4 x 300 / 60 = 80 entries for the decision.
+    _spread(workspace, matching)
+    monkeypatch.setattr(search_module, "_estimate", lambda cursor, params: 60)
+    total = sum(1 for n in range(300) if matching(n))
+
+    whole = [h.id for h in search(workspace, "retry", limit=100).hits]
+    for size in (4, 7):
+        cache.clear()  # each page size decides afresh: a deep page first, too
+        pages = [
+            h.id for o in range(0, total, size) for h in search(workspace, "retry", limit=size, offset=o).hits
+        ]
+        assert pages == whole, size
+    assert len(whole) == total
+    assert [h.id for h in search(workspace, "retry", limit=4).hits] == whole[:4]
+
+
 @pytest.mark.parametrize("many", [False, True], ids=["narrow", "broad"])
 def test_a_page_past_the_last_match_is_empty_and_still_counts(workspace, small_bounds, many):
     _bulk(workspace, [(f"retry note {n}", n / 100) for n in range(30 if many else 5)])
@@ -257,7 +309,7 @@ def test_the_endpoint_says_when_the_count_is_an_estimate(workspace, small_bounds
 
     body = _client(workspace).get("/api/v1/search", {"q": "retry", "limit": 2}).json()
 
-    assert body["ranked"] == 4
+    assert body["ranked"] == 4 and (body["limit"], body["offset"]) == (2, 0)
     assert len(body["items"]) == 2
     assert body["count_exact"] is (connection.vendor != "postgresql")
 
@@ -529,7 +581,14 @@ def test_another_workspaces_key_does_not_see_the_entries(workspace, other_worksp
     response = _client(other_workspace).get("/api/v1/search", {"q": "runbook"})
 
     assert response.status_code == 200
-    assert response.json() == {"count": 0, "count_exact": True, "ranked": 0, "items": []}
+    assert response.json() == {
+        "count": 0,
+        "count_exact": True,
+        "ranked": 0,
+        "limit": 20,
+        "offset": 0,
+        "items": [],
+    }
 
 
 def test_an_unauthenticated_request_is_401(workspace):
