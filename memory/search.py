@@ -19,21 +19,21 @@ never staged or tombstoned, of one workspace; ranked by text rank (title weighs 
 content), then importance, then newest id. Snippets are plain text from the content with the
 matched words between ``«`` and ``»``; clients escape them like any other text.
 
-Ranking costs time in proportion to the matches (each needs its table row, ~7 us on
-PostgreSQL under load, bench/reports/api.md), so a broad query is bounded: when a query
-matches more than ``broad_threshold(N)`` of the workspace's N visible entries (sqrt(RANK_CAP x N / WALK_RATIO), at least BROAD_MIN:
-6,800 of 920,000), only its RANK_CAP most important matches are ranked, found by walking the
-workspace's entries in importance order (an index scan, ~2.6 us per entry; broad matches are
-dense) until RANK_CAP of them match. A narrower query ranks every match exactly. The threshold
-balances the two: either way a query costs about as much as ranking 6,800 matches
-(bench/reports/api.md measures it). The result says which: ``ranked`` is the number of matches
-that were ranked. Pages (``limit`` up to 500 from ``offset``, as every list) are slices of one
-order: a broad query lists its RANK_CAP ranked matches first, then its further matches by
-importance, unranked (``rank`` None; the walk goes as far as the page reaches). PostgreSQL
-decides from the planner's estimate of the matches (from the tsvector statistics), checked
-once per query by a bounded walk (cached with the estimate, so that every page of a query
-takes the same way), and reports that estimate as ``count`` (``count_exact`` false); SQLite
-counts its matches exactly.
+Ranking costs time in proportion to the matches (each needs its table row, ~7 us on PostgreSQL
+under load, bench/reports/api.md), so a broad query is bounded: when a query matches more than
+``broad_threshold(N)`` of the workspace's N visible entries (sqrt(RANK_CAP x N / WALK_RATIO),
+at least BROAD_MIN: 6,800 of 920,000), only its RANK_CAP most important matches are ranked,
+found by walking the workspace's entries in importance order (an index scan, ~2.6 us per entry;
+broad matches are dense) until RANK_CAP of them match. A narrower query ranks every match
+exactly. The threshold balances the two: either way a query costs about as much as ranking
+6,800 matches (bench/reports/api.md measures it). The result says which: ``ranked`` is the
+number of matches that were ranked. Pages (``limit`` up to 500 from ``offset``, as every list)
+are slices of one order: a broad query lists its RANK_CAP ranked matches first, then its
+further matches by importance, unranked (``rank`` None; the walk goes as far as the page
+reaches). PostgreSQL decides from the planner's estimate of the matches (from the tsvector
+statistics), checked once per query by a bounded walk (cached with the estimate, so that every
+page of a query takes the same way), and reports that estimate as ``count`` (``count_exact``
+false); SQLite counts its matches exactly.
 
 (A covering index that would make the walk index-only cannot carry the tsvector: a long
 entry's tsvector exceeds a btree row's 2,704 bytes.)
