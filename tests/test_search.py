@@ -237,6 +237,8 @@ def test_pages_of_a_broad_query_are_slices_of_one_order(workspace, small_bounds)
         paged = _pages(workspace, "retry", size=size, total=30)
         assert sorted(paged[:4]) == sorted(by_importance[:4]), size
         assert paged[4:] == by_importance[4:], size
+    last = search(workspace, "retry", limit=7, offset=28)  # the walk reached the end: exact
+    assert (len(last.hits), last.count, last.count_exact, last.ranked) == (2, 30, True, 4)
     first = search(workspace, "retry", limit=4)
     assert [h.id for h in first.hits] == _pages(workspace, "retry", size=1, total=4)
     ranks = [h.rank for h in first.hits]
