@@ -66,7 +66,6 @@ def main() -> int:
     )
     os.environ.pop("REDIS_URL", None)
     started = datetime.now(UTC)
-    yardstick = python_loop_seconds()
     if not args.one:
         subprocess.run(
             [sys.executable, "manage.py", "migrate", "--noinput"],
@@ -86,36 +85,8 @@ def main() -> int:
     from memory import services
     from memory.models import Entry, Tag, Workspace
 
-    if args.one:  # a child: one call, its result as JSON on stdout
-        ws = Workspace.objects.get(slug=f"bench-{args.entries}")
-        _, raw = services.api_key_create(workspace=ws, name="endpoints (one call)", role="operator")
-        client = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
-        method, path, body = args.one
-        with CaptureQueriesContext(connection) as queries:
-            t = time.perf_counter()
-            response = getattr(client, method)(
-                API + path,
-                secure=True,
-                **({"data": body, "content_type": "application/json"} if body else {}),
-            )
-            ms = 1000 * (time.perf_counter() - t)
-        print(
-            json.dumps(
-                {"status": response.status_code, "ms": ms, "statements": len(queries.captured_queries)}
-            )
-        )
-        return 0
-    gen = datagen.ensure(args.entries, seed=args.seed)
-    ws = Workspace.objects.get(pk=gen.workspace_id)
-    _, raw = services.api_key_create(
-        workspace=ws, name=f"endpoints {started:%Y-%m-%d %H:%M}", role="operator"
-    )
-    client = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
-    entry = Entry.objects.filter(workspace=ws, is_latest=True, status="active").order_by("pk").first()
-    assert entry is not None, "the workspace has no active entry"
-    tag = Tag.objects.filter(workspace=ws).order_by("name").values_list("name", flat=True).first()
-
-    def call(method: str, path: str, body: Any = None) -> tuple[int, float, int]:
+    def call(client: Client, method: str, path: str, body: Any = None) -> tuple[int, float, int]:
+        """One request: its status, milliseconds and SQL statements."""
         kwargs: dict[str, Any] = {"secure": True}
         if body is not None:
             kwargs.update(data=json.dumps(body), content_type="application/json")
@@ -124,6 +95,26 @@ def main() -> int:
             response = getattr(client, method)(API + path, **kwargs)
             ms = 1000 * (time.perf_counter() - t)
         return response.status_code, ms, len(queries.captured_queries)
+
+    def operator(ws: Workspace, name: str) -> Client:
+        _, raw = services.api_key_create(workspace=ws, name=name, role="operator")
+        return Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
+
+    if args.one:  # a child: one call, its result as JSON on stdout
+        method, path, body = args.one
+        ws = Workspace.objects.get(slug=f"bench-{args.entries}")
+        status, ms, n = call(
+            operator(ws, "endpoints (one call)"), method, path, json.loads(body) if body else None
+        )
+        print(json.dumps({"status": status, "ms": ms, "statements": n}))
+        return 0
+    yardstick = python_loop_seconds()
+    gen = datagen.ensure(args.entries, seed=args.seed)
+    ws = Workspace.objects.get(pk=gen.workspace_id)
+    client = operator(ws, f"endpoints {started:%Y-%m-%d %H:%M}")
+    entry = Entry.objects.filter(workspace=ws, is_latest=True, status="active").order_by("pk").first()
+    assert entry is not None, "the workspace has no active entry"
+    tag = Tag.objects.filter(workspace=ws).order_by("name").values_list("name", flat=True).first()
 
     reads = [
         "/entries?limit=20",
@@ -149,8 +140,8 @@ def main() -> int:
     ]
     rows: list[tuple[str, int, float, int, str]] = []
     for path in reads:
-        call("get", path)  # warm-up (and a list's cached count)
-        best = min((call("get", path) for _ in range(max(1, args.repeat))), key=lambda r: r[1])
+        call(client, "get", path)  # warm-up (and a list's cached count)
+        best = min((call(client, "get", path) for _ in range(max(1, args.repeat))), key=lambda r: r[1])
         rows.append((f"GET {path}", best[0], best[1], best[2], f"best of {args.repeat}"))
         print(f"{rows[-1][0]:60s} {best[0]} {best[1]:10.1f} ms {best[2]:3d} statements", flush=True)
     if not args.skip_slow:
