@@ -450,7 +450,8 @@ def _search_broad(cursor: Any, params: dict[str, Any], estimate: int, visible: i
     if found < RANK_CAP:  # not within the bound (or no longer, the data having changed)
         cache.set(key, False, ESTIMATE_CACHE_SECONDS)
         return None
-    cache.set(key, True, ESTIMATE_CACHE_SECONDS)
+    if broad is None:  # the first page decided
+        cache.set(key, True, ESTIMATE_CACHE_SECONDS)
     if walk is None and found < depth:  # walked the whole workspace: every match counted
         return _Found(rows=rows, count=found, ranked=RANK_CAP)
     return _Found(rows=rows, count=max(estimate, found), ranked=RANK_CAP, count_exact=False)
@@ -473,13 +474,16 @@ WITH matches AS MATERIALIZED (
       AND e.is_latest
       AND e.status IN ({statuses})
 )"""
-_SQLITE_SQL = (
-    _SQLITE_MATCHES
-    + """,
+# All matches (n) and how many of them are ranked (cap): all, or RANK_CAP of a broad query.
+_SQLITE_TOTAL = """,
 total AS MATERIALIZED (
     SELECT count(*) AS n, CASE WHEN count(*) > %(threshold)s THEN %(cap)s ELSE count(*) END AS cap
     FROM matches
-),
+)"""
+_SQLITE_SQL = (
+    _SQLITE_MATCHES
+    + _SQLITE_TOTAL
+    + """,
 candidates AS MATERIALIZED (
     SELECT id, score, importance,
            row_number() OVER (ORDER BY importance DESC, id DESC) <= (SELECT cap FROM total) AS top
@@ -504,7 +508,7 @@ WHERE memory_entry_fts MATCH %(match)s
 ORDER BY r.top DESC, r.score DESC, r.importance DESC, r.id DESC
 """
 )
-_SQLITE_COUNT_SQL = _SQLITE_MATCHES + "\nSELECT count(*) FROM matches"
+_SQLITE_COUNT_SQL = _SQLITE_MATCHES + _SQLITE_TOTAL + "\nSELECT n, min(n, cap) FROM total"
 
 
 def _search_sqlite(
@@ -532,8 +536,7 @@ def _search_sqlite(
         rows = cursor.fetchall()
         if not rows and offset:  # a page past the last match: count them apart
             cursor.execute(_SQLITE_COUNT_SQL.format(statuses=in_statuses), params)
-            count = cursor.fetchone()[0]
-            ranked = min(count, RANK_CAP) if count > params["threshold"] else count
+            count, ranked = cursor.fetchone()
             return _Found(rows=[], count=count, ranked=ranked)
     if not rows:
         return _Found(rows=[], count=0, ranked=0)
