@@ -3,17 +3,29 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+# What running needs (the project's dependencies), and that plus the dev extra (test and lint
+# tools: pytest, mypy, schemathesis, playwright, ...). `make run` installs the first only.
+RUNTIME := $(VENV)/.installed-runtime
+DEV := $(VENV)/.installed-dev
 
-.PHONY: install browser run test test-sqlite test-postgres lint demo clean screenshots
+.PHONY: install install-runtime browser run test test-sqlite test-postgres test-hosted lint demo clean screenshots
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is needed: run make PYTHON=python3.11 ...")'
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	touch $(STAMP)
+	$(PYTHON) -m venv $(VENV)
 
-install: $(STAMP)
+$(RUNTIME): pyproject.toml | $(BIN)/python
+	$(PIP) -e .
+	touch $(RUNTIME)
+
+# The dev install includes the runtime one: both stamps are fresh after it.
+$(DEV): pyproject.toml | $(BIN)/python
+	$(PIP) -e '.[dev]'
+	touch $(RUNTIME) $(DEV)
+
+install-runtime: $(RUNTIME)
+install: $(DEV)
 
 # The browser tests drive Debian's chromium (Playwright never downloads a browser). Installed
 # here when missing: as root directly, else through sudo when it needs no password; otherwise
@@ -27,7 +39,7 @@ browser:
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
 	    || echo "== chromium could not be installed: browser tests will be skipped"; }
 
-run: install
+run: install-runtime
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py setup_demo
 	$(BIN)/python manage.py serve
@@ -42,6 +54,16 @@ test-postgres: install browser
 	case "$$url" in \
 	  postgres*) echo "== PostgreSQL: $$url"; DATABASE_URL="$$url" $(BIN)/python -m pytest -n auto -p no:cacheprovider ;; \
 	  *) echo "== PostgreSQL run skipped: set TEST_DATABASE_URL=postgres://... to run the suite there too" ;; \
+	esac
+
+# Hosted mode alone (tests/test_hosted.py, ~1.5 min): two web processes and two workers in
+# network namespaces (loopback without root), on PostgreSQL and Redis (127.0.0.1:6379, db 13,
+# or TEST_REDIS_URL). `make test-postgres` runs it too, with the rest of the suite.
+test-hosted: install
+	@url="$${TEST_DATABASE_URL:-$${DATABASE_URL:-}}"; \
+	case "$$url" in \
+	  postgres*) DATABASE_URL="$$url" $(BIN)/python -m pytest -p no:cacheprovider -s -rs tests/test_hosted.py ;; \
+	  *) echo "== the hosted test needs PostgreSQL: set TEST_DATABASE_URL=postgres://..."; exit 1 ;; \
 	esac
 
 lint: install

@@ -33,6 +33,12 @@ from typing import Any
 from machine import cpu_model  # bench/machine.py
 
 ROOT = Path(__file__).resolve().parent.parent
+# The project first (bench/maintenance.py would shadow its ``maintenance`` package), bench/ last.
+sys.path[:] = [
+    str(ROOT),
+    *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"),
+    str(ROOT / "bench"),
+]
 DEFAULT_CORPUS = ROOT.parent / "shared" / "corpus"
 REPORT = ROOT / "bench" / "reports" / "contradictions-rules.md"
 
@@ -114,7 +120,6 @@ def main() -> int:
     # Settings read DATABASE_URL once, at django.setup(): it must be set before.
     os.environ["DATABASE_URL"] = f"sqlite:///{tmpdir}/bench.sqlite3"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    sys.path.insert(0, str(ROOT))
     try:
         return run(path, args.out)
     finally:

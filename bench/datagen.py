@@ -42,6 +42,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# The project first (bench/maintenance.py would shadow its ``maintenance`` package), bench/ last.
+sys.path[:] = [
+    str(ROOT),
+    *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"),
+    str(ROOT / "bench"),
+]
 SAMPLE_FILE = ROOT / "memory" / "sample_data" / "flask_journal_sample.jsonl"
 DEFAULT_SLUG = "bench"
 SPAN_DAYS = 730  # created_at over about two years before "now"
@@ -1029,8 +1035,6 @@ def setup_django(database_url: str | None) -> None:
     if database_url:
         os.environ["DATABASE_URL"] = database_url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     import django
 
     django.setup()

@@ -31,8 +31,12 @@ from typing import Any
 from machine import cpu_model, python_loop_seconds, ram_gib  # bench/machine.py
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+# The project first (bench/maintenance.py would shadow its ``maintenance`` package), bench/ last.
+sys.path[:] = [
+    str(ROOT),
+    *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"),
+    str(ROOT / "bench"),
+]
 
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/bench_api"
 LEASE_WAIT = 65  # seconds: a workspace's run lease lasts 60 (SPEC §4)

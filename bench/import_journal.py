@@ -27,6 +27,12 @@ from pathlib import Path
 from machine import cpu_model  # bench/machine.py
 
 ROOT = Path(__file__).resolve().parent.parent
+# The project first (bench/maintenance.py would shadow its ``maintenance`` package), bench/ last.
+sys.path[:] = [
+    str(ROOT),
+    *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"),
+    str(ROOT / "bench"),
+]
 DEFAULT_FILE = ROOT.parent / "shared" / "corpus" / "flask_gitlog_journal.jsonl"
 SAMPLE_FILE = ROOT / "memory" / "sample_data" / "flask_journal_sample.jsonl"
 REPORT = ROOT / "bench" / "reports" / "import_journal.md"
@@ -52,7 +58,6 @@ def main() -> int:
     # Settings read DATABASE_URL once, at django.setup(): it must be set before.
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    sys.path.insert(0, str(ROOT))
     try:
         return run(path, url if args.database_url else "temporary SQLite file", args.repeat, args.report)
     finally:

@@ -1,8 +1,13 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels."""
+"""ASGI entry point, the one place the application is assembled: ``/mcp`` (and its
+protected-resource metadata) through the MCP SDK's app (memory.mcp_http), every other HTTP
+request through Django, websockets through Channels. The root owns the ASGI lifespan, which
+Django's handler refuses and the MCP SDK's session manager needs: it is entered at startup and
+left at shutdown (uvicorn's default ``--lifespan auto`` sends both)."""
 
 import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
 from typing import Any
 
 import django
@@ -103,11 +108,41 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from memory import mcp_http  # noqa: E402
 from memory.routing import websocket_urlpatterns  # noqa: E402
 
-application = ProtocolTypeRouter(
+site = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+mcp_app = mcp_http.McpDoor()
+
+
+async def lifespan(receive: Any, send: Any) -> None:
+    """Startup enters the MCP session manager, shutdown leaves it (in the same task, as its
+    task group requires)."""
+    stack = AsyncExitStack()
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            try:
+                await stack.enter_async_context(mcp_app.run())
+            except Exception as exc:
+                await send({"type": "lifespan.startup.failed", "message": f"MCP endpoint: {exc}"})
+                return
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await stack.aclose()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        await lifespan(receive, send)
+    elif mcp_http.serves(scope):
+        await mcp_app(scope, receive, send)
+    else:
+        await site(scope, receive, send)

@@ -5,8 +5,10 @@ Embedded mode (the default) runs on a SQLite file under ``var/``; hosted mode se
 than being half-understood.
 """
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -71,14 +73,15 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "ninja",
-    "django_q",
     "memory",
-    "maintenance",
+    "maintenance",  # before django_q: its qcluster command replaces django-q2's
+    "django_q",
 ]
 
 MIDDLEWARE = [
     "config.middleware.api_json_errors",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -174,7 +177,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
-STORAGES = {
+STORAGES: dict[str, dict[str, Any]] = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
         "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
@@ -196,7 +199,11 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # redis-py 8 gives every connection a 5 s read timeout, and channels-redis waits
+            # for a websocket's next message with a blocking pop of 5 s: the read timed out as
+            # the pop returned, the consumer died and the live page's websocket closed after
+            # 5 idle seconds (seen by tests/test_hosted.py). Reads may wait longer than a pop.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
         }
     }
 else:
@@ -215,26 +222,90 @@ Q_CLUSTER = {
     "poll": 2,
     "label": "Scheduled tasks",
 }
+# django-q2 keeps the newest save_limit successful task results; failed ones it keeps for ever.
+# After each scheduled full run the worker trims those to the newest Q_FAILURES_KEEP, none older than
+# Q_FAILURES_KEEP_DAYS (maintenance.tasks.reclaim_worker_rows).
+Q_FAILURES_KEEP = env_int("Q_FAILURES_KEEP", 500)
+Q_FAILURES_KEEP_DAYS = env_int("Q_FAILURES_KEEP_DAYS", 30)
 if REDIS_URL and env_bool("Q_REDIS_BROKER", False):
     Q_CLUSTER["redis"] = REDIS_URL
 else:
     Q_CLUSTER["orm"] = "default"
 
 # --- Memory Steward ---------------------------------------------------------------------------
+# A dry run of a workspace with at most this many latest entries answers in the request; a
+# larger one (like every real run) is queued for the django-q2 worker (maintenance.api).
+MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES = env_int("MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES", 2000)
 BACKUP_DIR = Path(os.environ.get("BACKUP_DIR") or VAR_DIR / "backups")
 if not BACKUP_DIR.is_absolute():
     BACKUP_DIR = BASE_DIR / BACKUP_DIR
+# Backups are written, rotated and read through the "backups" storage: FileSystemStorage on
+# BACKUP_DIR unless BACKUP_STORAGE_BACKEND names another Django storage backend (e.g.
+# django-storages' storages.backends.s3.S3Storage, installed separately) with its options as a
+# JSON object in BACKUP_STORAGE_OPTIONS. Several machines need a storage they all reach.
+
+
+def backup_storage(environ: Any) -> dict[str, Any]:
+    """The "backups" entry of STORAGES that ``environ`` describes."""
+    backend = (environ.get("BACKUP_STORAGE_BACKEND") or "").strip()
+    try:
+        options = json.loads(environ.get("BACKUP_STORAGE_OPTIONS") or "{}")
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"BACKUP_STORAGE_OPTIONS is not JSON: {exc}") from None
+    if not isinstance(options, dict):
+        raise ImproperlyConfigured("BACKUP_STORAGE_OPTIONS must be a JSON object")
+    return {"BACKEND": backend or "maintenance.storage.BackupDirStorage", "OPTIONS": options}
+
+
+STORAGES["backups"] = backup_storage(os.environ)
 
 # --- Production hardening -------------------------------------------------------------------
 if not DEBUG:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    # A load balancer checks its backends on plain HTTP, behind the TLS it terminates.
+    SECURE_REDIRECT_EXEMPT = [r"^api/v1/health$"]
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+    if not SECURE_HSTS_PRELOAD:
+        # Preloading commits the whole domain and its subdomains to HTTPS in every browser,
+        # a decision about the domain, not this app: off unless asked for, and check --deploy
+        # is not told to nag about it (README, "Hosted deployment").
+        SILENCED_SYSTEM_CHECKS = ["security.W021"]
     SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# --- Content-Security-Policy ----------------------------------------------------------------
+# Every response, in every mode but Django's own 404 and 500 pages under DEBUG (django-csp:
+# Django 5.2 has no CSP of its own; 6.0's SECURE_CSP takes the same directives, so moving to
+# it is a rename). No style-src-attr exception either: no page needs a style="" attribute
+# (the charts are SVG styled by classes; the admin sets styles from its scripts, which a CSP
+# allows). The console, the admin and the API
+# docs load scripts and styles from this site's static files only: no inline <script>, no
+# on…= or hx-on attribute (the console's few behaviours are in static/js/console.js), no
+# <style> element or style="" attribute, no eval (no htmx trigger filter or js: value), and
+# nothing from another origin (no CDN). 'self' in connect-src covers the live websocket of
+# the same host and port (ws: and wss:, as CSP Level 3 browsers match it), without opening
+# websockets to any other host. The JSON API gets the same header: harmless for JSON, and a
+# browser opening an API answer runs nothing. frame-ancestors 'none' is the modern
+# X-Frame-Options: DENY (both are sent). Images may also be data: URLs (the API docs'
+# stylesheet draws its menu arrow as one; an image runs nothing).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "frame-ancestors": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+    },
+}
 
 LOGGING = {
     "version": 1,
@@ -245,6 +316,9 @@ LOGGING = {
 
 # --- API ------------------------------------------------------------------------------------
 API_RATE_LIMIT_PER_MINUTE = env_int("API_RATE_LIMIT_PER_MINUTE", 600)
+# The URL MCP clients use for the /mcp endpoint (named by its protected-resource metadata);
+# empty: http://127.0.0.1:PORT/mcp, right for a local `make run`. Hosted: https://<name>/mcp.
+MCP_PUBLIC_URL = os.environ.get("MCP_PUBLIC_URL", "")
 # Rate-limit counters: shared through Redis in hosted mode, per process otherwise.
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}

@@ -1,6 +1,14 @@
 from django.contrib import admin
 
-from maintenance.models import Backup, Dispute, MaintenanceLease, MaintenancePolicy, MaintenanceRun
+from maintenance.models import (
+    Backup,
+    Dispute,
+    MaintenanceLease,
+    MaintenancePolicy,
+    MaintenanceRun,
+    Proposal,
+    RunDaySummary,
+)
 
 
 @admin.register(MaintenancePolicy)
@@ -10,6 +18,7 @@ class MaintenancePolicyAdmin(admin.ModelAdmin):
         "importance_threshold",
         "prune_older_than_days",
         "cold_threshold",
+        "review_mode",
         "tombstone_grace_days",
         "maintenance_interval_hours",
         "updated_at",
@@ -71,3 +80,33 @@ class BackupAdmin(admin.ModelAdmin):
     list_filter = ["reason", "workspace"]
     search_fields = ["file_name", "sha256"]
     list_select_related = ["workspace"]
+
+
+@admin.register(Proposal)
+class ProposalAdmin(admin.ModelAdmin):
+    """Read-only: proposals are decided through maintenance.proposals (approve re-checks each
+    one and writes its backup and events; a hand edit would skip all that)."""
+
+    list_display = ["id", "workspace", "entry_ref", "action", "reason", "status", "why", "run", "created_at"]
+    list_filter = ["status", "action", "reason", "workspace"]
+    search_fields = ["why", "note", "decided_by"]
+    list_select_related = ["workspace", "run"]
+    readonly_fields = [f.name for f in Proposal._meta.fields]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(RunDaySummary)
+class RunDaySummaryAdmin(admin.ModelAdmin):
+    """Read-only: the reclaim pass folds runs that changed nothing into these counts."""
+
+    list_display = ["day", "workspace", "kind", "status", "dry_run", "runs"]
+    list_filter = ["kind", "status", "dry_run", "workspace"]
+    search_fields = ["workspace__slug"]
+    list_select_related = ["workspace"]
+    date_hierarchy = "day"
+    readonly_fields = [f.name for f in RunDaySummary._meta.fields]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False

@@ -1,25 +1,46 @@
 """The maintenance endpoints of the agent API (SPEC §5): runs, their history and revert,
 tombstones, backups, stats and the policy.
 
-Every endpoint first calls ``require`` with its minimum role. Runs are started synchronously
-and answer with their result object whatever their status: ``blocked`` (circuit breaker) and
-``skipped`` (another run holds the workspace's lease) are outcomes of a run that was recorded,
-not errors of the request, so they come with 200 and the run id like any other run.
+Every endpoint first calls ``require`` with its minimum role.
+
+Runs. A real (non-dry) run is never worked in the request: it is recorded ``queued``, handed to
+the django-q2 worker in the same transaction (``maintenance.tasks.enqueue_run``), and the
+answer is 202 with ``{run_id, kind, dry_run, status: "queued", url}``; ``url`` is
+GET /maintenance/runs/{id}, which shows where the run is (``progress``: phase, current pass,
+rows done, elapsed) and, once it ended, its result. A dry run of a small workspace (at most
+``MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES`` latest entries, 2,000 by default: about a second
+on the bench's machine) answers inline with its result (200), as before; a larger one is
+queued too (202). ``blocked`` (circuit breaker) is an outcome of a run that was recorded, so an
+inline run answers it with 200 and the run id like any other. A run refused because another run
+holds the workspace's lease is recorded ``skipped`` and answers 409 with both ids (its own
+``run_id`` and ``running_run_id``): a 200 with zero counts would read as "nothing to do". A
+queued run is refused that way when the lease is held as it is asked for; one that meets the
+lease only when the worker starts it ends ``skipped``, which its run record shows.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.http import HttpRequest
+from django.urls import reverse
 from ninja import Query, Router
 from ninja.params import Path
+from ninja.responses import Status
 
+from maintenance import lease
 from maintenance.hygiene import clean_residue_patterns
-from maintenance.models import MaintenancePolicy, RunKind, RunTrigger
+from maintenance.models import MaintenancePolicy, RunKind, RunStatus, RunTrigger
 from maintenance.revert import revert_run
-from maintenance.runs import PRUNE_PARAMS, decay_result, prune_result, run_maintenance
+from maintenance.runs import (
+    PRUNE_PARAMS,
+    decay_result,
+    prune_result,
+    run_maintenance,
+)
 from maintenance.schemas import (
     ERRORS,
     BackupPageOut,
@@ -32,10 +53,14 @@ from maintenance.schemas import (
     PruneIn,
     PruneOut,
     RevertOut,
+    RunAffectedIn,
+    RunAffectedPageOut,
+    RunDayPageOut,
     RunDetailOut,
     RunIn,
     RunListIn,
     RunPageOut,
+    RunQueuedOut,
     RunResultOut,
     StatsOut,
     TombstoneListIn,
@@ -43,60 +68,137 @@ from maintenance.schemas import (
 )
 from maintenance.selectors import (
     backup_list,
+    folded_runs,
     policy_values,
+    run_affected,
+    run_days,
     run_get,
     run_list,
     tombstone_list,
     workspace_stats,
 )
 from memory.auth import ROLE_LEVEL, require
-from memory.errors import InvalidInput
+from memory.errors import Conflict, InvalidInput
+from memory.models import Entry
 from memory.selectors import page
 
 router = Router(tags=["maintenance"])
 
 
-def _start(request: HttpRequest, payload: RunIn, kind: str, **params: Any) -> dict[str, Any]:
-    """Start a run for the caller. Agents may preview (and their runs default to dry runs);
-    applying needs an operator."""
+INLINE_DRY_RUN_MAX_ENTRIES = 2000
+
+
+def inline_dry_run_max() -> int:
+    """Latest entries up to which a dry run is worked in the request (setting
+    ``MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES``)."""
+    return int(getattr(settings, "MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES", INLINE_DRY_RUN_MAX_ENTRIES))
+
+
+def runs_inline(workspace: Any, *, dry_run: bool) -> bool:
+    """A dry run of a small workspace is worked in the request; everything else is queued. The
+    count stops at the limit: one bounded query however large the workspace is."""
+    if not dry_run:
+        return False
+    limit = inline_dry_run_max()
+    return (
+        Entry.objects.filter(workspace=workspace, is_latest=True).values("pk")[: limit + 1].count() <= limit
+    )
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A run handed to the worker: the 202 answer."""
+
+    body: dict[str, Any]
+
+
+def queued_answer(run: Any) -> Queued:
+    return Queued(
+        {
+            "run_id": run.pk,
+            "kind": run.kind,
+            "dry_run": run.dry_run,
+            "status": run.status,
+            "url": reverse("api-v1:maintenance_run_detail", kwargs={"id": run.pk}),
+        }
+    )
+
+
+def _refuse_held(result: dict[str, Any], running: int | None) -> Conflict:
+    return Conflict(
+        f"another run holds this workspace's lease (run {running}); this one was recorded as skipped",
+        run_id=result["run_id"],
+        running_run_id=running,
+    )
+
+
+def start_run(request: HttpRequest, payload: RunIn, kind: str, **params: Any) -> dict[str, Any] | Queued:
+    """Start a run for the caller: inline (its result) or queued (``Queued``), see the module
+    docstring. Agents may preview (and their runs default to dry runs); applying needs an
+    operator. The MCP endpoint's dry-run preview (``memory.mcp``) starts its runs here too."""
+    from maintenance.tasks import submit_run
+
     who = require(request, "agent")
     dry_run = payload.dry_run
     if dry_run is None:
         dry_run = who.level < ROLE_LEVEL["operator"]
     if not dry_run:
         require(request, "operator")
-    return run_maintenance(
-        workspace=who.workspace,
-        kind=kind,
-        trigger=RunTrigger.API,
-        dry_run=dry_run,
-        force=payload.force,
-        actor=who.actor,
-        **params,
-    )
+    run_args: dict[str, Any] = {
+        "workspace": who.workspace,
+        "kind": kind,
+        "trigger": RunTrigger.API,
+        "dry_run": dry_run,
+        "force": payload.force,
+        "actor": who.actor,
+    }
+    if runs_inline(who.workspace, dry_run=dry_run):
+        result = run_maintenance(**run_args, **params)
+        if result["status"] == RunStatus.SKIPPED:
+            raise _refuse_held(result, lease.holding_run_id(who.workspace))  # None if it ended meanwhile
+        return result
+    submitted = submit_run(**run_args, **params)
+    if submitted.run.status == RunStatus.SKIPPED:
+        raise Conflict(
+            f"{submitted.refusal}; this one was recorded as skipped",
+            run_id=submitted.run.pk,
+            running_run_id=submitted.blocking_run_id,
+        )
+    return queued_answer(submitted.run)
 
 
-@router.post("/maintenance/run", response={200: RunResultOut, **ERRORS})
-def maintenance_run(request: HttpRequest, payload: FullRunIn | None = None) -> dict[str, Any]:
+def _answer(result: dict[str, Any] | Queued, shape: Any = None) -> Any:
+    if isinstance(result, Queued):
+        return Status(202, result.body)
+    return shape(result) if shape else result
+
+
+QUEUED = {202: RunQueuedOut}
+
+
+@router.post("/maintenance/run", response={200: RunResultOut, **QUEUED, **ERRORS})
+def maintenance_run(request: HttpRequest, payload: FullRunIn | None = None) -> Any:
     """The full run of SPEC §4.1 on the caller's workspace, or one quality pass alone
-    (``kind`` hygiene, contradictions or consolidate)."""
+    (``kind`` hygiene, contradictions or consolidate). A real run, and a dry run of a large
+    workspace, is queued for the worker: 202 with the run's id and URL."""
     payload = payload or FullRunIn.model_validate({})
-    return _start(request, payload, payload.kind)
+    return _answer(start_run(request, payload, payload.kind))
 
 
-@router.post("/maintenance/prune", response={200: PruneOut, **ERRORS})
-def maintenance_prune(request: HttpRequest, payload: PruneIn | None = None) -> dict[str, Any]:
-    """Prune (SPEC §4.2) with the caller's parameters; omitted ones come from the policy."""
+@router.post("/maintenance/prune", response={200: PruneOut, **QUEUED, **ERRORS})
+def maintenance_prune(request: HttpRequest, payload: PruneIn | None = None) -> Any:
+    """Prune (SPEC §4.2) with the caller's parameters; omitted ones come from the policy. Queued
+    (202) like a full run."""
     payload = payload or PruneIn.model_validate({})
     params = payload.model_dump(include=set(PRUNE_PARAMS))
-    return prune_result(_start(request, payload, RunKind.PRUNE, params=params))
+    return _answer(start_run(request, payload, RunKind.PRUNE, params=params), prune_result)
 
 
-@router.post("/maintenance/sweep-decay", response={200: DecayOut, **ERRORS})
-def maintenance_sweep_decay(request: HttpRequest, payload: RunIn | None = None) -> dict[str, Any]:
-    """The decay sweep (SPEC §4.2): score, decay, ttl, purge."""
+@router.post("/maintenance/sweep-decay", response={200: DecayOut, **QUEUED, **ERRORS})
+def maintenance_sweep_decay(request: HttpRequest, payload: RunIn | None = None) -> Any:
+    """The decay sweep (SPEC §4.2): score, decay, ttl, purge. Queued (202) like a full run."""
     payload = payload or RunIn.model_validate({})
-    return decay_result(_start(request, payload, RunKind.DECAY))
+    return _answer(start_run(request, payload, RunKind.DECAY), decay_result)
 
 
 @router.get("/maintenance/runs", response={200: RunPageOut, **ERRORS})
@@ -104,14 +206,38 @@ def maintenance_runs(request: HttpRequest, filters: Query[RunListIn]) -> dict[st
     """Run history, newest first, with counts."""
     who = require(request, "viewer")
     runs = run_list(who.workspace, kind=filters.kind, status=filters.status)
-    return page(runs, limit=filters.limit, offset=filters.offset)
+    result = page(runs, limit=filters.limit, offset=filters.offset)
+    result["folded_runs"] = folded_runs(who.workspace, kind=filters.kind, status=filters.status)
+    return result
+
+
+@router.get("/maintenance/runs/folded", response={200: RunDayPageOut, **ERRORS})
+def maintenance_run_days(request: HttpRequest, filters: Query[RunListIn]) -> dict[str, Any]:
+    """Runs that changed nothing (skipped runs and dry runs too), folded a week after they ran
+    into a count per UTC day, kind, status and dry-run flag; newest day first."""
+    who = require(request, "viewer")
+    days = run_days(who.workspace, kind=filters.kind, status=filters.status)
+    return page(days, limit=filters.limit, offset=filters.offset)
 
 
 @router.get("/maintenance/runs/{id}", response={200: RunDetailOut, **ERRORS})
 def maintenance_run_detail(request: HttpRequest, path: Path[IdPath]) -> Any:
-    """One run: its result, effective parameters, affected ids and error."""
+    """One run: its status and progress, result, effective parameters, the first affected ids
+    of each action (all of them: /maintenance/runs/{id}/affected) and error."""
     who = require(request, "viewer")
     return run_get(who.workspace, path.id)
+
+
+@router.get("/maintenance/runs/{id}/affected", response={200: RunAffectedPageOut, **ERRORS})
+def maintenance_run_affected(request: HttpRequest, path: Path[IdPath], filters: Query[RunAffectedIn]) -> Any:
+    """The entries one run archived, tombstoned or purged (``action``), in id order, paged:
+    read from the run's lifecycle events. A dry run changed nothing: it lists what it would
+    have changed, as far as its record keeps (the first ids of each action), and ``count``
+    is the true number. ``proposed_archive``/``proposed_tombstone``: what a propose-mode
+    run proposed (from its record, likewise)."""
+    who = require(request, "viewer")
+    run = run_get(who.workspace, path.id)
+    return run_affected(run, filters.action, limit=filters.limit, offset=filters.offset)
 
 
 @router.post("/maintenance/runs/{id}/revert", response={200: RevertOut, **ERRORS})

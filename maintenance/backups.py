@@ -15,13 +15,22 @@ file written on SQLite restores into PostgreSQL and back.
 
 Invariants:
 
-- A file appears under its final name only when complete (written beside it, fsynced, renamed);
-  a failed backup leaves neither a file nor a Backup row.
+- Files live in the ``backups`` storage (``maintenance.storage``; a folder per workspace),
+  written, rotated and read only through it, so any machine reaching that storage can
+  restore. A file appears under its final name only when complete (on a file system: written
+  beside it, fsynced, renamed; elsewhere: uploaded whole); a failed backup leaves neither a
+  file nor a Backup row. Writing and reading stream: a backup is never held in memory.
 - A backup holds one workspace and nothing of any other.
 - Restore checks the checksum and counts before it writes anything, runs in one transaction,
   never deletes a row, never touches another workspace's rows (an id held by another workspace
   refuses the restore, even with ``force``), and refuses to overwrite rows that changed after
   the backup was taken unless ``force`` is given.
+- The workspace's maintenance runs travel with it, so tombstones, events and disputes still
+  name their run after a restore (into another database too) and a restored run can be
+  reverted. Runs are history: one the workspace still has is never overwritten, and one
+  whose id another workspace holds is not restored (what pointed at it becomes null). A run
+  in progress when the backup was taken (the run that wrote a pre-prune backup) comes back as
+  it was then, ``running``; the next run of the workspace marks it ``failed`` (interrupted).
 """
 
 from __future__ import annotations
@@ -35,14 +44,15 @@ import re
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property, partial
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple, Protocol
 
-from django.conf import settings
+from django.core.files import File
+from django.core.files.storage import FileSystemStorage, Storage, storages
 from django.core.management.color import no_style
 from django.db import DataError, IntegrityError, connection, models, transaction
 from django.utils import timezone
@@ -94,6 +104,10 @@ class _Kind:
     model: type[models.Model]
     newer: tuple[str, ...] = ()
     natural: tuple[str, ...] = ()
+    # History (runs): a row the workspace still has is left as it is (its outcome may only have
+    # been written since: a pre-prune backup is taken in the middle of its run), and one whose
+    # id another workspace holds is not restored (what points at it becomes null).
+    history: bool = False
 
     @cached_property
     def fields(self) -> list[models.Field[Any, Any]]:
@@ -105,7 +119,7 @@ class _Kind:
 
     @cached_property
     def runs(self) -> list[str]:
-        """Columns pointing at a MaintenanceRun (runs are not part of a backup)."""
+        """Columns pointing at a MaintenanceRun."""
         return [f.attname for f in self.fields if f.is_relation and f.related_model is MaintenanceRun]
 
     @property
@@ -117,6 +131,9 @@ ENTRY_TAG: type[models.Model] = Entry.tags.through
 # In file and restore order: a row points only at kinds above it (or at its own kind).
 KINDS: tuple[_Kind, ...] = (
     _Kind("policy", MaintenancePolicy, newer=("updated_at",)),
+    # Runs travel with the workspace: tombstones, events and disputes keep naming theirs, so
+    # a restored run can still be reverted.
+    _Kind("run", MaintenanceRun, history=True),
     _Kind("tag", Tag, natural=("name",)),
     _Kind(
         "entry",
@@ -189,14 +206,19 @@ def _detail(exc: BaseException) -> str:
 # --- writing -------------------------------------------------------------------------------------
 
 
-def backup_dir(workspace: Workspace) -> Path:
-    """The workspace's backup folder, created if missing (private: it holds every memory)."""
-    folder = Path(settings.BACKUP_DIR) / workspace.slug
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return folder
+def storage() -> Storage:
+    """The ``backups`` storage (``maintenance.storage``): every backup is written, listed
+    for rotation, deleted and read through it, never through a local path of its own."""
+    return storages["backups"]
 
 
-def _free_name(folder: Path, workspace: Workspace, reason: str, now: datetime) -> str:
+def stored_name(slug: str, file_name: str) -> str:
+    """The backup's name in the storage: ``<workspace slug>/<file name>``."""
+    # PurePosixPath(...).name: a row's name never leads out of the workspace's folder.
+    return f"{slug}/{PurePosixPath(file_name).name}"
+
+
+def _free_name(store: Storage, workspace: Workspace, reason: str, now: datetime) -> str:
     stem = f"{reason}-backup-{now.astimezone(UTC):%Y%m%dT%H%M%SZ}"
     taken = set(
         Backup.objects.filter(workspace=workspace, file_name__startswith=stem).values_list(
@@ -206,7 +228,7 @@ def _free_name(folder: Path, workspace: Workspace, reason: str, now: datetime) -
     n = 1
     while True:
         name = f"{stem}.jsonl.gz" if n == 1 else f"{stem}-{n}.jsonl.gz"
-        if name not in taken and not (folder / name).exists():
+        if name not in taken and not store.exists(stored_name(workspace.slug, name)):
             return name
         n += 1
 
@@ -222,9 +244,22 @@ def _snapshot() -> Iterator[None]:
     Under PostgreSQL's READ COMMITTED a write could land between two tables' reads (a link to
     an entry the file lacks, which would then not restore); REPEATABLE READ can only be set as
     a transaction's first statement, so only when this opens the transaction. SQLite
-    transactions are serialisable already.
+    transactions are serialisable already; but the project opens them IMMEDIATE (it takes the
+    database's write lock at BEGIN, so that a read-then-write never fails to upgrade), and a
+    backup only reads: when this opens the transaction on SQLite it is a DEFERRED one, a read
+    snapshot under WAL that leaves the write lock to the API's writes meanwhile.
     """
     outermost = not connection.in_atomic_block
+    if outermost and connection.vendor == "sqlite":
+        connection.ensure_connection()
+        with connection.cursor() as cursor:
+            cursor.execute("BEGIN DEFERRED")
+        try:
+            yield
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("COMMIT")  # nothing was written: this ends the snapshot
+        return
     with transaction.atomic():
         if outermost and connection.vendor == "postgresql":
             with connection.cursor() as cursor:
@@ -280,21 +315,73 @@ def _write_lines(
     return counts
 
 
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_FILE_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+class _Hashing:
+    """A binary sink that hashes and counts the compressed bytes on their way to ``out``: the
+    file's sha256 and size without reading it back."""
+
+    def __init__(self, out: Any):
+        self.out = out
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.out.write(data)
+
+    def flush(self) -> None:
+        self.out.flush()
 
 
-def _fsync_dir(folder: Path) -> None:
+def _fsync_dir(folder: str) -> None:
     # The rename is durable only once the directory entry is on disk too.
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _local_path(store: Storage, name: str) -> str | None:
+    """Where a file system storage keeps ``name``; None for any other storage (some answer
+    ``path()`` without keeping files there: the in-memory one)."""
+    return str(store.path(name)) if isinstance(store, FileSystemStorage) else None
+
+
+def _save(store: Storage, name: str, fill: Callable[[_Hashing], Any]) -> tuple[str, int, str, Any]:
+    """Write a file of the storage by ``fill(sink)``, streamed; returns (its name in the
+    storage, size, sha256, what ``fill`` returned). The file appears under its name only
+    when complete: on a file system it is written beside its final name, fsynced and renamed;
+    on another storage it is spooled to a local temporary file and then saved whole (an
+    object store shows an object only once its upload completes)."""
+    local = _local_path(store, name)
+    if local is not None:
+        folder = os.path.dirname(local)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(local)}.", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as raw:
+                sink = _Hashing(raw)
+                result = fill(sink)
+                raw.flush()
+                os.fsync(raw.fileno())
+            os.replace(tmp, local)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        try:
+            _fsync_dir(folder)
+        except BaseException:
+            Path(local).unlink(missing_ok=True)
+            raise
+        return name, sink.size, sink.digest.hexdigest(), result
+    with tempfile.TemporaryFile() as spool:
+        sink = _Hashing(spool)
+        result = fill(sink)
+        spool.flush()
+        spool.seek(0)
+        saved = store.save(name, File(spool, name=name))
+    return saved, sink.size, sink.digest.hexdigest(), result
 
 
 def write_backup(
@@ -315,29 +402,21 @@ def write_backup(
     if reason not in BackupReason.values:
         raise InvalidInput(f"reason: must be one of {', '.join(BackupReason.values)}")
     now = now or timezone.now()
-    tmp: Path | None = None
-    final: Path | None = None
+    store = storage()
+    saved: str | None = None
+
+    def fill(sink: _Hashing) -> dict[str, int]:
+        # filename="" and mtime=0: the gzip header names neither the temp file nor a time.
+        with gzip.GzipFile(filename="", mode="wb", fileobj=sink, mtime=0) as out:
+            return _write_lines(out, workspace, reason, now, progress)
+
     try:
-        folder = backup_dir(workspace)
-        name = _free_name(folder, workspace, reason, now)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-        tmp = Path(tmp_name)
-        with os.fdopen(fd, "wb") as raw:
-            # filename="" and mtime=0: the gzip header names neither the temp file nor a time.
-            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as out:
-                counts = _write_lines(out, workspace, reason, now, progress)
-            raw.flush()
-            os.fsync(raw.fileno())
-        size = tmp.stat().st_size
-        sha256 = _sha256_of(tmp)
-        final = folder / name
-        os.replace(tmp, final)
-        tmp = None
-        _fsync_dir(folder)
+        name = _free_name(store, workspace, reason, now)
+        saved, size, sha256, counts = _save(store, stored_name(workspace.slug, name), fill)
         with transaction.atomic():
             backup = Backup.objects.create(
                 workspace=workspace,
-                file_name=name,
+                file_name=PurePosixPath(saved).name,
                 reason=reason,
                 size_bytes=size,
                 entry_count=counts["entry"],
@@ -346,9 +425,9 @@ def write_backup(
                 created_at=now,
             )
     except BaseException as exc:
-        for path in (tmp, final):
-            if path is not None:
-                path.unlink(missing_ok=True)
+        if saved is not None:
+            with suppress(Exception):
+                store.delete(saved)
         if isinstance(exc, BackupError) or not isinstance(exc, Exception):
             raise
         raise BackupError(f"backup of workspace {workspace.slug!r} failed: {_detail(exc)}") from exc
@@ -369,14 +448,13 @@ def _drop_old(
     wrote it) a logged warning.
     """
     old = list(queryset.filter(workspace=workspace).order_by("-created_at", "-pk")[keep:])
-    folder = Path(settings.BACKUP_DIR) / workspace.slug
+    store = storage()
     deleted: list[Backup] = []
     failed: list[str] = []
     for backup in old:
         try:
-            # Path(...).name: a row's name never leads out of the workspace's folder.
-            (folder / Path(backup.file_name).name).unlink(missing_ok=True)
-        except OSError as exc:
+            store.delete(stored_name(workspace.slug, backup.file_name))  # a missing file is no error
+        except Exception as exc:  # OSError on a file system, the backend's own errors elsewhere
             failed.append(f"{backup.file_name} ({_detail(exc)})")
             continue
         deleted.append(backup)
@@ -423,13 +501,13 @@ def _parse_or_empty(raw: bytes | None) -> dict[str, Any]:
         return {}
 
 
-def read_backup(path: str | Path, progress: Progress | None = None) -> tuple[Header, Rows, dict[str, Any]]:
-    """Read and verify a backup file: (header, rows by kind, trailer).
+def read_backup(path: Source, progress: Progress | None = None) -> tuple[Header, Rows, dict[str, Any]]:
+    """Read and verify a backup file, from the storage or a local path, streamed: (header,
+    rows by kind, trailer).
 
     Raises BackupError when the file is unreadable, truncated (no trailer), altered (checksum
     mismatch), inconsistent (counts mismatch) or not in a format this version reads.
     """
-    path = Path(path)
     digest = hashlib.sha256()
     rows: Rows = {name: [] for name in ALL_KINDS}
     header: Header | None = None
@@ -437,7 +515,7 @@ def read_backup(path: str | Path, progress: Progress | None = None) -> tuple[Hea
     problem: str | None = None  # the first malformed line, reported only if the checksum holds
     number = 0
     try:
-        with gzip.open(path, "rb") as handle:
+        with _open(path) as stored, gzip.GzipFile(fileobj=stored, mode="rb") as handle:
             for raw in handle:
                 if previous is not None:
                     digest.update(previous)
@@ -512,14 +590,55 @@ class _Plan:
     remap: dict[int, int] = field(default_factory=dict)  # backup id → id of the matched row
 
 
-def resolve_backup_path(file: str, workspace_slug: str | None = None) -> Path:
-    """A path as given, or a bare file name inside the workspace's backup folder."""
-    path = Path(file)
-    if workspace_slug and _SLUG_RE.match(workspace_slug) and path.name == file:
-        candidate = Path(settings.BACKUP_DIR) / workspace_slug / file
-        if candidate.exists():
-            return candidate
-    return path
+@dataclass(frozen=True)
+class StoredBackup:
+    """A backup file in the ``backups`` storage, by its name there (``<slug>/<file>``)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+Source = StoredBackup | str | Path  # a stored backup, or a file of this machine (a copy)
+_STORED_NAME_RE = re.compile(r"^[-a-zA-Z0-9_]+/[^/]+$")
+
+
+def resolve_backup(file: str, workspace_slug: str | None = None) -> Source:
+    """What ``file`` names: a backup in the storage — a bare file name of the workspace's
+    backups (with ``workspace_slug``) or ``<slug>/<file name>`` — else a local file path (a
+    copy of a backup, e.g. downloaded from the storage)."""
+    store = storage()
+    names = []
+    if workspace_slug and _SLUG_RE.match(workspace_slug) and PurePosixPath(file).name == file:
+        names.append(stored_name(workspace_slug, file))
+    if _STORED_NAME_RE.match(file) and ".." not in file:
+        names.append(file)
+    for name in names:
+        try:
+            if store.exists(name):
+                return StoredBackup(name)
+        except Exception:  # a name the storage refuses is simply not one of its backups
+            logger.debug("backup storage has no %r", name, exc_info=True)
+    return Path(file)
+
+
+def stored_backup(backup: Backup) -> StoredBackup:
+    return StoredBackup(stored_name(backup.workspace.slug, backup.file_name))
+
+
+def _file_name(source: Source) -> str:
+    return PurePosixPath(str(source)).name
+
+
+@contextmanager
+def _open(source: Source) -> Iterator[Any]:
+    if isinstance(source, StoredBackup):
+        with storage().open(source.name, "rb") as handle:
+            yield handle
+    else:
+        with open(source, "rb") as handle:
+            yield handle
 
 
 def _check_rows(rows: Rows) -> None:
@@ -573,6 +692,10 @@ def _plan_rows(kind: _Kind, rows: list[dict[str, Any]], ws_id: int | None, taken
                 by_key[tuple(_encode(existing[c]) for c in kind.natural)] = existing
         for row in chunk:
             match = by_pk.get(row["id"])
+            if kind.history:
+                if match is None:
+                    plan.inserts.append(row)
+                continue
             if match is not None and match["workspace_id"] != ws_id:
                 clash, match = True, None
             else:
@@ -720,11 +843,12 @@ def _update(kind: _Kind, updates: list[_Update], ws_id: int) -> None:
         )
 
 
-def _detach_runs(rows: Rows, ws_id: int | None) -> None:
-    """Runs are not part of a backup: a reference to a run this workspace no longer has (or
-    never had, in another database) becomes null rather than a dangling foreign key."""
+def _detach_runs(rows: Rows, ws_id: int | None, restored: set[int]) -> None:
+    """A reference to a run that is neither restored nor this workspace's (a backup written
+    before runs were backed up, or a run id another workspace holds in this database) becomes
+    null rather than a dangling foreign key."""
     ids = {r[c] for k in KINDS for r in rows[k.name] for c in k.runs if r.get(c) is not None}
-    known: set[int] = set()
+    known: set[int] = set(restored)
     if ws_id is not None:
         for chunk in _chunks(sorted(ids)):
             known.update(
@@ -738,7 +862,7 @@ def _detach_runs(rows: Rows, ws_id: int | None) -> None:
 
 
 def restore_backup(
-    path: str | Path,
+    path: Source,
     *,
     workspace_slug: str | None = None,
     force: bool = False,
@@ -756,13 +880,12 @@ def restore_backup(
     keeps exactly one.
     """
     now = now or timezone.now()
-    path = Path(path)
     header, rows, _ = read_backup(path, progress)
     slug = header.get("workspace")
     if not isinstance(slug, str) or not _SLUG_RE.match(slug):
         raise BackupError(f"{path}: the header names no valid workspace")
     if workspace_slug is not None and workspace_slug != slug:
-        raise InvalidInput(f"{path.name} is a backup of workspace {slug!r}, not {workspace_slug!r}")
+        raise InvalidInput(f"{_file_name(path)} is a backup of workspace {slug!r}, not {workspace_slug!r}")
     try:
         taken_at = _parse_datetime(header["created_at"])
     except (KeyError, TypeError, ValueError):
@@ -774,18 +897,20 @@ def restore_backup(
             return _restore(path, slug, rows, taken_at=taken_at, force=force, now=now)
     except (IntegrityError, DataError) as exc:
         raise BackupError(
-            f"{path.name} does not fit the rows written since it was taken ({exc}); nothing was restored"
+            f"{_file_name(path)} does not fit the rows written since it was taken ({exc}); "
+            "nothing was restored"
         ) from exc
 
 
 def _restore(
-    path: Path, slug: str, rows: Rows, *, taken_at: datetime, force: bool, now: datetime
+    path: Source, slug: str, rows: Rows, *, taken_at: datetime, force: bool, now: datetime
 ) -> dict[str, Any]:
     workspace = Workspace.objects.select_for_update().filter(slug=slug).first()
     ws_id = workspace.pk if workspace else None
-    _detach_runs(rows, ws_id)
+    plans: dict[str, _Plan] = {"run": _plan_rows(KIND_BY_NAME["run"], rows["run"], ws_id, taken_at)}
+    _detach_runs(rows, ws_id, restored={r["id"] for r in plans["run"].inserts})
 
-    plans: dict[str, _Plan] = {"policy": _plan_policy(rows["policy"], ws_id, taken_at)}
+    plans["policy"] = _plan_policy(rows["policy"], ws_id, taken_at)
     plans["tag"] = _plan_rows(KIND_BY_NAME["tag"], rows["tag"], ws_id, taken_at)
     tag_ids = plans["tag"].remap
     plans["entry"] = _plan_rows(KIND_BY_NAME["entry"], rows["entry"], ws_id, taken_at)
@@ -813,7 +938,7 @@ def _restore(
     clashes = {name: p.clashes for name, p in plans.items() if p.clashes}
     if clashes:
         raise RestoreRefused(
-            f"refused: {sum(clashes.values())} row(s) of {path.name} have ids held by another "
+            f"refused: {sum(clashes.values())} row(s) of {_file_name(path)} have ids held by another "
             f"workspace ({_counts_text(clashes)}); nothing was restored"
         )
     newer = {name: p.newer for name, p in plans.items() if p.newer}
@@ -821,7 +946,7 @@ def _restore(
         newer["entry versions"] = demote
     if newer and not force:
         raise RestoreRefused(
-            f"refused: {sum(newer.values())} row(s) changed after {path.name} was taken "
+            f"refused: {sum(newer.values())} row(s) changed after {_file_name(path)} was taken "
             f"({_counts_text(newer)}); use --force to overwrite them; nothing was restored"
         )
 

@@ -31,7 +31,15 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Count
 
-from maintenance.passes import PassResult, RunContext, latest, transition, unprotected
+from maintenance.passes import (
+    PassResult,
+    RunContext,
+    held_only,
+    importance_of,
+    latest,
+    transition,
+    unprotected,
+)
 from maintenance.scoring_db import refresh_scores
 from memory.models import (
     CONTENT_MAX,
@@ -51,25 +59,27 @@ LINE_MAX = 240  # characters of a fragment's first line kept in the digest
 REASON = "compact"
 
 
-def fragments(ctx: RunContext) -> Any:
+def _candidates(ctx: RunContext, only: list[int] | None) -> Any:
     cutoff = ctx.now - timedelta(days=ctx.policy.consolidation_min_age_days)
-    return unprotected(
-        latest(ctx)
-        .filter(
-            entry_type__in=FRAGMENT_TYPES,
-            status__in=[Status.ACTIVE, Status.STALE],
-            created_at__lt=cutoff,
-        )
-        .exclude(session_key=""),
-        ctx,
-    )
+    qs = latest(ctx) if only is None else latest(ctx).filter(pk__in=only)
+    return qs.filter(
+        entry_type__in=FRAGMENT_TYPES,
+        status__in=[Status.ACTIVE, Status.STALE],
+        created_at__lt=cutoff,
+    ).exclude(session_key="")
 
 
-def compact(ctx: RunContext) -> PassResult:
+def fragments(ctx: RunContext, only: list[int] | None = None) -> Any:
+    # Held fragments count as skipped only in a group that is compacted (see compact).
+    return unprotected(_candidates(ctx, only), ctx, note_held=False)
+
+
+def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
     """Pass 7. ``count``/``ids`` are the archived fragments; ``extra`` carries
-    ``summaries_created``."""
+    ``summaries_created``. ``only``: approving proposals — the same rule over those fragments
+    alone (a group that has shrunk to the minimum or below is left as it is)."""
     groups = list(
-        fragments(ctx)
+        fragments(ctx, only)
         .values("project", "session_key")
         .annotate(n=Count("pk"))
         .filter(n__gt=ctx.policy.consolidation_min_group)
@@ -78,19 +88,26 @@ def compact(ctx: RunContext) -> PassResult:
     result = PassResult(extra={"summaries_created": 0})
     summaries: list[int] = []
     for group in groups:
-        rows = list(
-            fragments(ctx)
+        rows = [
+            {**r, "importance": r.pop("run_importance")}
+            for r in fragments(ctx, only)
             .filter(project=group["project"], session_key=group["session_key"])
-            .order_by("-importance", "created_at", "pk")
-            .values("pk", "title", "content", "created_at", "importance", "entry_type")
-        )
+            .annotate(run_importance=importance_of(ctx))
+            .order_by("-run_importance", "created_at", "pk")
+            .values("pk", "title", "content", "created_at", "run_importance", "entry_type")
+        ]
         if len(rows) <= ctx.policy.consolidation_min_group:
             continue  # changed since the count: leave it for the next run
+        ctx.held.update(
+            held_only(_candidates(ctx, only), ctx)
+            .filter(project=group["project"], session_key=group["session_key"])
+            .values_list("pk", flat=True)
+        )
         with transaction.atomic():
             summary = _write_summary(ctx, group["project"], group["session_key"], rows)
             archived = transition(
                 ctx,
-                fragments(ctx).filter(pk__in=[r["pk"] for r in rows]),
+                fragments(ctx, only).filter(pk__in=[r["pk"] for r in rows]),
                 to_status=Status.ARCHIVED,
                 reason=REASON,
             )

@@ -2,8 +2,10 @@
 the workspace it is given, and each list is a queryset (or a list) the view pages through, so a
 page costs the same number of queries whatever the number of rows.
 
-The review queue has four tabs:
+The review queue has five tabs:
 
+- ``pending``: the open proposal set (SPEC §3.1), grouped by reason in run order — first,
+  and the default, while it is not empty;
 - ``hygiene``: the hygiene candidates (SPEC §4.4), filtered by recommendation or reason;
 - ``automatic``: automatic archivals and tombstones that can still be reverted — the event is
   not reverted, its entry is the latest version, still in the status the event put it in, and
@@ -22,16 +24,38 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
 from django.db.models.functions import Substr
+from django.utils import timezone
 
-from maintenance import hygiene
-from maintenance.models import Dispute, DisputeStatus, MaintenanceRun
-from maintenance.runs import COUNT_KEYS
-from maintenance.selectors import run_get, tombstone_list
-from memory.models import Entry, LifecycleEvent, Status, Tombstone, Workspace
+from maintenance import hygiene, proposals
+from maintenance.models import (
+    Dispute,
+    DisputeStatus,
+    MaintenancePolicy,
+    MaintenanceRun,
+    Proposal,
+    ProposalStatus,
+    RunStatus,
+)
+from maintenance.runs import COUNT_KEYS, METRICS, PROPOSING, ROWS_KEY
+from maintenance.selectors import EVENT_STATUS_OF, AffectedIds, changed_entries, run_get, tombstone_list
+from memory import holds
+from memory.models import Entry, LifecycleEvent, Status, Tombstone, Workspace, held
 
-REVIEW_TABS = ("hygiene", "automatic", "tombstones", "disputes")
+REVIEW_TABS = ("pending", "hygiene", "automatic", "tombstones", "disputes")
 AUTOMATIC_TO = (Status.ARCHIVED, Status.TOMBSTONED)
 EXCERPT_CHARS = 240
 AFFECTED_ACTIONS = ("archived", "tombstoned", "purged")
@@ -50,6 +74,66 @@ def clean_ids(values: Iterable[Any]) -> tuple[list[int], list[str]]:
         else:
             bad.append(text)
     return list(good), bad
+
+
+# --- pending approval ---------------------------------------------------------------------
+
+
+def pending_proposals(workspace: Workspace, *, reason: str | None = None) -> QuerySet[Proposal]:
+    """The open proposal set (``maintenance.proposals.open_set``) in the order the page shows
+    it: by reason in run order, then by entry; each row with its run, and the entry's title,
+    excerpt and hold in the same query."""
+    order = Case(
+        *(When(reason=key, then=Value(i)) for i, key in enumerate(proposals.ACTIONS)),
+        default=Value(len(proposals.ACTIONS)),
+        output_field=IntegerField(),
+    )
+    return (
+        proposals.open_set(workspace, reason=reason or None)
+        .select_related("run", "entry")
+        .defer(
+            "run__params",
+            "run__affected",
+            "run__result",
+            "run__error",
+            "entry__content",
+            "entry__metadata",
+        )
+        .annotate(run_order=order, excerpt=Substr("entry__content", 1, EXCERPT_CHARS))
+        .order_by("run_order", "entry_ref")
+    )
+
+
+def pending_groups(workspace: Workspace) -> list[dict[str, Any]]:
+    """The open set by reason, in run order: [{reason, label, action, count}] (one query)."""
+    return proposals.counts_by_reason(workspace)
+
+
+def pending_sections(rows: Iterable[Proposal], groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One page of proposals cut into its reason groups: [{reason, label, action, count, rows}]
+    (``count``: the whole reason's open proposals, not only this page's)."""
+    by_reason = {g["reason"]: g for g in groups}
+    sections: list[dict[str, Any]] = []
+    for row in rows:
+        if not sections or sections[-1]["reason"] != row.reason:
+            group = by_reason.get(row.reason) or {
+                "reason": row.reason,
+                "label": proposals.REASON_LABELS.get(row.reason, row.reason),
+                "action": row.action,
+                "count": 0,
+            }
+            sections.append({**group, "rows": []})
+        sections[-1]["rows"].append(row)
+    return sections
+
+
+def pending_totals(groups: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """{"all", "archive", "tombstone"}: the open proposals and how many of each action."""
+    totals = {"all": 0, "archive": 0, "tombstone": 0}
+    for group in groups:
+        totals["all"] += group["count"]
+        totals[group["action"]] += group["count"]
+    return totals
 
 
 # --- hygiene ------------------------------------------------------------------------------
@@ -121,8 +205,13 @@ def automatic_changes(
     version, so the checks (and ``current_id``, the id to revert) look at that one."""
     lineage = OuterRef("entry__lineage_id")
     latest = Entry.objects.filter(workspace=workspace, lineage_id=lineage, is_latest=True)
-    later = LifecycleEvent.objects.filter(workspace=workspace, entry__lineage_id=lineage).filter(
-        Q(created_at__gt=OuterRef("created_at")) | Q(created_at=OuterRef("created_at"), pk__gt=OuterRef("pk"))
+    later = (
+        LifecycleEvent.objects.filter(workspace=workspace, entry__lineage_id=lineage)
+        .filter(
+            Q(created_at__gt=OuterRef("created_at"))
+            | Q(created_at=OuterRef("created_at"), pk__gt=OuterRef("pk"))
+        )
+        .exclude(reason__in=holds.EVENT_REASONS)  # a hold or release changes no status
     )
     events = (
         LifecycleEvent.objects.filter(
@@ -144,10 +233,19 @@ def automatic_changes(
     )
 
 
-def automatic_rows(events: QuerySet[LifecycleEvent]) -> QuerySet[LifecycleEvent]:
-    """What the table shows: the run (its header) and the entry's latest version, in one query."""
+def hold_days(workspace: Workspace) -> int:
+    """The workspace's ``operator_hold_days`` (0: a hold lasts until released)."""
+    return MaintenancePolicy.for_workspace(workspace).operator_hold_days
+
+
+def automatic_rows(
+    events: QuerySet[LifecycleEvent], *, now: datetime | None = None, hold_days: int = 0
+) -> QuerySet[LifecycleEvent]:
+    """What the table shows: the run (its header) and the entry's latest version with its
+    operator hold (``held_by``, ``held_at``, ``hold_reason``; empty when not held), in one query."""
     lineage = OuterRef("entry__lineage_id")
     latest = Entry.objects.filter(lineage_id=lineage, is_latest=True)
+    holding = latest.filter(held(now=now or timezone.now(), hold_days=hold_days))
     return (
         events.select_related("run")
         .defer("run__params", "run__affected", "run__result", "run__error")
@@ -156,6 +254,9 @@ def automatic_rows(events: QuerySet[LifecycleEvent]) -> QuerySet[LifecycleEvent]
             excerpt=Subquery(
                 latest.annotate(excerpt=Substr("content", 1, EXCERPT_CHARS)).values("excerpt")[:1]
             ),
+            held_by=Subquery(holding.values("held_by")[:1]),
+            held_at=Subquery(holding.values("held_at")[:1]),
+            hold_reason=Subquery(holding.values("hold_reason")[:1]),
         )
     )
 
@@ -168,10 +269,16 @@ def open_tombstones(workspace: Workspace, *, reason: str | None = None) -> Query
     return tombstone_list(workspace, reason=reason or None).filter(entry__isnull=False)
 
 
-def tombstone_rows(tombstones: QuerySet[Tombstone]) -> QuerySet[Tombstone]:
+def tombstone_rows(
+    tombstones: QuerySet[Tombstone], *, now: datetime | None = None, hold_days: int = 0
+) -> QuerySet[Tombstone]:
+    """The rows with the entry (``held``: its operator hold is in force) and the run."""
+    holding = Entry.objects.filter(pk=OuterRef("entry_id")).filter(
+        held(now=now or timezone.now(), hold_days=hold_days)
+    )
     return (
         tombstones.select_related("entry", "run")
-        .annotate(excerpt=Substr("entry__content", 1, EXCERPT_CHARS))
+        .annotate(excerpt=Substr("entry__content", 1, EXCERPT_CHARS), held=Exists(holding))
         .defer("run__params", "run__affected", "run__result", "run__error", "entry__content")
     )
 
@@ -218,12 +325,22 @@ def review_counts(workspace: Workspace, *, known: Mapping[str, int] | None = Non
     hygiene scan is the expensive one; an unfiltered list's count is its tab's count)."""
     known = known or {}
     counters = {
+        "pending": lambda: proposals.open_count(workspace),
         "hygiene": lambda: len(hygiene.candidates(workspace)),
         "automatic": lambda: automatic_changes(workspace).count(),
         "tombstones": lambda: open_tombstones(workspace).count(),
         "disputes": lambda: Dispute.objects.filter(workspace=workspace, status=DisputeStatus.OPEN).count(),
     }
-    return {tab: known[tab] if tab in known else counters[tab]() for tab in REVIEW_TABS}
+    found = {tab: known[tab] if tab in known else counters[tab]() for tab in REVIEW_TABS}
+    # Pending approval leads while it has rows; an empty one goes last, out of the way.
+    if not found["pending"]:
+        found["pending"] = found.pop("pending")
+    return found
+
+
+def default_tab(workspace: Workspace) -> str:
+    """Pending approval while the open proposal set is not empty, else hygiene."""
+    return "pending" if proposals.open_count(workspace) else "hygiene"
 
 
 # --- runs ---------------------------------------------------------------------------------
@@ -248,6 +365,41 @@ def run_rows(runs: Iterable[MaintenanceRun]) -> list[RunRow]:
     return [RunRow(run, duration(run)) for run in runs]
 
 
+# Count keys a propose-mode run reports for changes it proposed instead of making.
+PROPOSED_KEYS = (*PROPOSING, "summaries_created")
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    """A run's counts as pages show them: the changes (``(key, n, proposed)``: ``proposed``
+    when the run only proposed it) apart from the measurements (``METRICS``)."""
+
+    changes: list[tuple[str, int, bool]]
+    metrics: list[tuple[str, int]]
+
+
+def count_of(counts: Any, key: str) -> int:
+    """One count of a run's stored counts as a number (``reclaimed_rows``, a mapping by kind of
+    row, counts its total); 0 when absent."""
+    value = counts.get(key) if isinstance(counts, dict) else None
+    if isinstance(value, dict):
+        return sum(int(n or 0) for n in value.values() if isinstance(n, int | float))
+    return int(value or 0) if isinstance(value, int | float) else 0
+
+
+def run_counts(run: MaintenanceRun, *, all_keys: bool = False) -> RunCounts:
+    """The counts of ``run`` in ``COUNT_KEYS`` order; only the non-zero ones unless ``all_keys``."""
+    counts = {key: count_of(run.counts, key) for key in COUNT_KEYS}
+    proposed = run.status == RunStatus.PROPOSED
+    changes = [
+        (key, counts[key], proposed and key in PROPOSED_KEYS)
+        for key in COUNT_KEYS
+        if key not in METRICS and (all_keys or counts[key])
+    ]
+    metrics = [(key, int(counts.get(key) or 0)) for key in METRICS if all_keys or counts.get(key)]
+    return RunCounts(changes=changes, metrics=metrics)
+
+
 def _shown(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -261,6 +413,8 @@ class Affected:
     action: str
     page: Page[int]
     rows: list[dict[str, Any]]
+    total: int  # the true count (a dry run's record lists only the first AFFECTED_KEPT)
+    complete: bool
 
 
 @dataclass(frozen=True)
@@ -268,10 +422,13 @@ class RunDetail:
     run: MaintenanceRun
     duration: str
     params: list[tuple[str, str]]
-    counts: list[tuple[str, int]]
+    counts: RunCounts
     affected: list[Affected]
     not_reverted: int  # archivals and tombstones of the run not undone (and not purged) yet
     reverted: int  # those already undone
+    proposed: dict[str, int]  # a proposed run: {"archive": n, "tombstone": n} it proposed
+    awaiting: dict[str, int]  # … and of those, still open (awaiting approval), by action
+    reclaimed_rows: list[tuple[str, int]]  # bookkeeping rows the reclaim pass removed, by kind
 
     @property
     def can_revert(self) -> bool:
@@ -285,15 +442,24 @@ def run_detail(
     workspace: Workspace, run_id: int, *, pages: Mapping[str, Any], per_page: int = 50
 ) -> RunDetail:
     """A run with its parameters, all counts, the affected entries by action (each action paged
-    by ``pages[action]``; titles in one query) and how much of it is reverted. Four queries."""
+    by ``pages[action]``; titles in one query), how much of it is reverted and, for a proposed
+    run, how many of its proposals still await approval. Five queries, and for a real run one
+    more per action with entries (a page of its events)."""
     run = run_get(workspace, run_id)
-    affected_ids = run.affected if isinstance(run.affected, dict) else {}
-    paged = {
-        action: Paginator(
-            [i for i in affected_ids.get(action) or [] if isinstance(i, int)], per_page
-        ).get_page(pages.get(action))
-        for action in AFFECTED_ACTIONS
-    }
+    # A real run's lists are its LifecycleEvents (counted below with the reverts, each page
+    # one query); a dry run's come from its record (``AffectedIds``).
+    # One query: how much of the run is reverted, and how many entries each action has.
+    undoable = Q(to_status__in=AUTOMATIC_TO)
+    state = LifecycleEvent.objects.filter(
+        workspace=workspace, run=run, automatic=True, to_status__in=list(EVENT_STATUS_OF.values())
+    ).aggregate(
+        not_reverted=Count("pk", filter=undoable & Q(reverted_at__isnull=True, entry__isnull=False)),
+        reverted=Count("pk", filter=undoable & Q(reverted_at__isnull=False)),
+        **{action: Count("pk", filter=Q(to_status=status)) for action, status in EVENT_STATUS_OF.items()},
+    )
+    totals = {action: state[action] for action in EVENT_STATUS_OF} if changed_entries(run) else {}
+    lists = {action: AffectedIds(run, action, totals.get(action)) for action in AFFECTED_ACTIONS}
+    paged = {action: Paginator(ids, per_page).get_page(pages.get(action)) for action, ids in lists.items()}
     shown = {i for page in paged.values() for i in page.object_list}
     entries = {
         r["pk"]: r
@@ -314,23 +480,41 @@ def run_detail(
                 }
                 for i in page.object_list
             ],
+            lists[action].total,
+            lists[action].complete,
         )
         for action, page in paged.items()
     ]
-    state = LifecycleEvent.objects.filter(
-        workspace=workspace, run=run, automatic=True, to_status__in=AUTOMATIC_TO
-    ).aggregate(
-        not_reverted=Count("pk", filter=Q(reverted_at__isnull=True, entry__isnull=False)),
-        reverted=Count("pk", filter=Q(reverted_at__isnull=False)),
-    )
-    counts = run.counts if isinstance(run.counts, dict) else {}
     params = run.params if isinstance(run.params, dict) else {}
+    result = run.result if isinstance(run.result, dict) else {}
+    found = result.get("proposed")
+    proposed: dict[str, Any] = found if isinstance(found, dict) else {}
+    awaiting = dict.fromkeys(("archive", "tombstone"), 0)
+    if run.status == RunStatus.PROPOSED:
+        awaiting.update(
+            Proposal.objects.filter(workspace=workspace, run=run, status=ProposalStatus.OPEN)
+            .values("action")
+            .annotate(n=Count("pk"))
+            .values_list("action", "n")
+        )
     return RunDetail(
         run=run,
         duration=duration(run),
         params=[(k, _shown(v)) for k, v in sorted(params.items())],
-        counts=[(key, counts.get(key, 0)) for key in COUNT_KEYS],
+        counts=run_counts(run, all_keys=True),
         affected=affected,
         not_reverted=state["not_reverted"],
         reverted=state["reverted"],
+        proposed={
+            "archive": int(proposed.get("archive") or 0),
+            "tombstone": int(proposed.get("tombstone") or 0),
+        },
+        awaiting=awaiting,
+        reclaimed_rows=[
+            (str(kind), int(n))
+            for kind, n in ((run.counts or {}).get(ROWS_KEY) or {}).items()
+            if isinstance(n, int) and n
+        ]
+        if isinstance(run.counts, dict) and isinstance(run.counts.get(ROWS_KEY), dict)
+        else [],
     )

@@ -102,9 +102,9 @@ from maintenance.models import Dispute, DisputeStatus, Resolution
 from maintenance.passes import PassResult, RunContext
 from maintenance.scoring_db import refresh_scores
 from maintenance.text import content_words, words
-from memory import services
+from memory import holds, live, services
 from memory.errors import Conflict, InvalidInput, NotFound
-from memory.models import Entry, EntryType, RelationshipType, Source, Status, Tier, Workspace
+from memory.models import Entry, EntryType, HoldReason, RelationshipType, Source, Status, Tier, Workspace
 
 KIND = "polarity_conflict"
 SIGNATURE_WORDS = 24
@@ -337,9 +337,11 @@ def _dispute(
 
 def _insert(rows: list[Dispute]) -> list[Dispute]:
     """Insert the disputes at once. Should a concurrent check have flagged one of the pairs
-    meanwhile (the unique constraint), insert the others one by one."""
+    meanwhile (the unique constraint), insert the others one by one. Open pages get the new
+    dispute count (after commit), whichever door the write came through."""
     if not rows:
         return []
+    live.announce_queue(rows[0].workspace_id)
     try:
         with transaction.atomic():
             return Dispute.objects.bulk_create(rows)
@@ -573,6 +575,14 @@ def resolve(
                     details={"dispute": dispute.pk},
                 )
                 archived.append(loser.pk)
+        # The entries the operator decided for are held: no pass archives what they kept.
+        kept: dict[str, list[int]] = {
+            Resolution.KEEP_BOTH: [a.pk, b.pk],
+            Resolution.KEEP_FIRST: [a.pk],
+            Resolution.KEEP_SECOND: [b.pk],
+        }
+        held_ids = kept.get(resolution, [winner.pk] if winner is not None else [])
+        holds.hold(workspace, held_ids, reason=HoldReason.DISPUTE, actor=actor, now=now)
         dispute.status = DisputeStatus.RESOLVED
         dispute.resolution = resolution
         dispute.resolved_by = actor

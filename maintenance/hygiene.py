@@ -36,8 +36,9 @@ points, a human-readable detail) or ``None``. Text is NFC-normalised; words come
 - ``flagged_by_feedback`` (2): last feedback stale or wrong.
 - ``legacy_import`` (1): source import.
 
-Score = the sum of points. Recommendation ``archive`` when score ≥ 4 and never accessed
-(access_count 0), else ``review``.
+Score = the sum of points. An entry is a candidate at score ≥ 2, so ``legacy_import`` alone
+never lists it (an imported journal is not junk for being imported). Recommendation
+``archive`` when score ≥ 4 and never accessed (access_count 0), else ``review``.
 
 **Residue patterns** (``MaintenancePolicy.residue_patterns``): a JSON list of strings, each a
 case-insensitive Python regular expression searched in title + content. Null or an empty list
@@ -50,11 +51,16 @@ compile is skipped, never a crash.
 
 **Services** (ORM): ``preview``, ``apply``, ``keep`` and ``archive_low_quality`` (pass 6). They
 read entries in keyset batches of plain values and find duplicates with one query per batch,
-so the number of queries does not grow with the number of entries.
+so the number of queries does not grow with the number of entries. The text detectors' verdict
+is stored per entry (``HygieneAssessment``) and reused while the entry's title and content hash
+and the residue patterns (with ``DETECTORS_VERSION``) stay the ones it was made with: a scan
+reads the text only of the entries it has to assess again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -62,18 +68,29 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, QuerySet
+from django.db.models import F, JSONField, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
-from maintenance.models import MaintenancePolicy
+from maintenance.models import HygieneAssessment, MaintenancePolicy
 from maintenance.passes import PassResult, RunContext, latest, transition, unprotected
 from maintenance.policy import PolicyValues
 from maintenance.scoring_db import refresh_scores
 from maintenance.text import content_words, normalise
-from memory.models import LIVE_STATUSES, Entry, LifecycleEvent, Source, Status, Workspace
+from memory import holds, live
+from memory.models import (
+    LIVE_STATUSES,
+    Entry,
+    HoldReason,
+    LifecycleEvent,
+    Source,
+    Status,
+    Workspace,
+    protected,
+)
 from memory.services import neighbour_ids
 
 MIN_CONTENT_WORDS = 9
+CANDIDATE_SCORE = 2  # listed from 2 points: legacy_import (1) alone never lists an entry
 ARCHIVE_SCORE = 4
 EXCERPT_CHARS = 300
 BATCH_SIZE = 1000
@@ -406,18 +423,35 @@ def assess(
     patterns: Sequence[Pattern] | None = None,
 ) -> list[Reason]:
     """Every reason that applies, in the order of the SPEC table."""
+    text = text_reasons(title, content, compile_residue_patterns(None) if patterns is None else patterns)
+    return [*text, *column_reasons(source=source, last_feedback=last_feedback, duplicate_of=duplicate_of)]
+
+
+def text_reasons(title: str, content: str, patterns: Sequence[Pattern]) -> list[Reason]:
+    """The reasons the text detectors find (the costly half of ``assess``; stored per entry)."""
     found = [
         incomplete_fragment(title, content),
         truncated_or_unbalanced(title, content),
         code_heavy(content),
-        implementation_residue(
-            title, content, compile_residue_patterns(None) if patterns is None else patterns
-        ),
-        exact_duplicate(duplicate_of),
-        flagged_by_feedback(last_feedback),
-        legacy_import(source),
+        implementation_residue(title, content, patterns),
     ]
     return [r for r in found if r is not None]
+
+
+def column_reasons(*, source: str, last_feedback: str | None, duplicate_of: int | None) -> list[Reason]:
+    """The reasons read off the entry's columns (cheap: never stored)."""
+    found = [exact_duplicate(duplicate_of), flagged_by_feedback(last_feedback), legacy_import(source)]
+    return [r for r in found if r is not None]
+
+
+# Bump when a detector changes: every stored assessment is then made again.
+DETECTORS_VERSION = "1"
+
+
+def patterns_key(patterns: Sequence[Pattern]) -> str:
+    """What a stored assessment was made with: the detectors' version and the patterns."""
+    raw = [p.pattern if isinstance(p, re.Pattern) else p for p in patterns]
+    return hashlib.sha256(json.dumps([DETECTORS_VERSION, raw]).encode()).hexdigest()
 
 
 def score(reasons: Iterable[Reason]) -> int:
@@ -429,8 +463,6 @@ def recommend(points: int, access_count: int) -> str:
 
 
 # --- database services --------------------------------------------------------------------
-
-_FIELDS = ("pk", "title", "content", "content_hash", "source", "last_feedback", "access_count", "created_at")
 
 
 @dataclass(frozen=True)
@@ -462,11 +494,15 @@ def _not_kept(qs: QuerySet[Entry]) -> QuerySet[Entry]:
     return qs.exclude(review_kept_hash=F("content_hash"))
 
 
-def _eligible(workspace: Workspace, policy: PolicyValues) -> QuerySet[Entry]:
-    """Entries the preview considers: active latest, managed, unpinned, not constitutional,
-    none of the excluded tags, not kept."""
+def _eligible(workspace: Workspace, policy: PolicyValues, now: datetime | None = None) -> QuerySet[Entry]:
+    """Entries the preview considers: active latest entries automation may touch (the one
+    protection rule: an operator hold included), not kept."""
     qs = Entry.objects.filter(workspace=workspace, is_latest=True, status=Status.ACTIVE)
-    return _not_kept(qs.unprotected(policy.exclude_tags))
+    return _not_kept(
+        qs.unprotected(
+            now=now or timezone.now(), hold_days=policy.operator_hold_days, exclude_tags=policy.exclude_tags
+        )
+    )
 
 
 def _oldest_live(workspace: Workspace, hashes: set[str]) -> dict[str, tuple[datetime, int]]:
@@ -481,6 +517,50 @@ def _oldest_live(workspace: Workspace, hashes: set[str]) -> dict[str, tuple[date
     return oldest
 
 
+_SCAN_FIELDS = ("pk", "content_hash", "source", "last_feedback", "access_count", "created_at")
+
+
+def _text_reasons_of(rows: list[dict[str, Any]], patterns: Sequence[Pattern], *, store: bool) -> None:
+    """Fill ``text_reasons`` of the rows that have no valid stored assessment: read their title
+    and content (one query), run the text detectors, and store the verdicts (one upsert)."""
+    missing = [r for r in rows if r["stored_reasons"] is None]
+    if not missing:
+        for r in rows:
+            r["text_reasons"] = [Reason(**d) for d in r["stored_reasons"]]
+        return
+    texts = {
+        pk: (title, content, h)
+        for pk, title, content, h in Entry.objects.filter(pk__in=[r["pk"] for r in missing]).values_list(
+            "pk", "title", "content", "content_hash"
+        )
+    }
+    key = patterns_key(patterns)
+    fresh: list[HygieneAssessment] = []
+    for r in rows:
+        if r["stored_reasons"] is not None:
+            r["text_reasons"] = [Reason(**d) for d in r["stored_reasons"]]
+            continue
+        title, content, h = texts.get(r["pk"], ("", "", r["content_hash"]))
+        r["text_reasons"] = text_reasons(title, content, patterns)
+        if r["pk"] in texts:
+            fresh.append(
+                HygieneAssessment(
+                    entry_id=r["pk"],
+                    content_hash=h,
+                    title=title,
+                    patterns_key=key,
+                    reasons=[x.as_dict() for x in r["text_reasons"]],
+                )
+            )
+    if store and fresh:
+        HygieneAssessment.objects.bulk_create(
+            fresh,
+            update_conflicts=True,
+            unique_fields=["entry"],
+            update_fields=["content_hash", "title", "patterns_key", "reasons"],
+        )
+
+
 def _scan(
     workspace: Workspace,
     qs: QuerySet[Entry],
@@ -488,28 +568,41 @@ def _scan(
     *,
     batch_size: int = BATCH_SIZE,
     on_batch: Callable[[], None] = lambda: None,
+    store: bool = True,
 ) -> Iterator[Candidate]:
-    """Assess every entry of ``qs`` in keyset batches (two queries per batch); yields those
-    with a score above zero."""
+    """Assess every entry of ``qs`` in keyset batches; yields the candidates (score ≥
+    CANDIDATE_SCORE). The text detectors run only for entries without a valid stored
+    assessment (``HygieneAssessment``: same title, content hash and patterns), whose verdicts
+    are then stored (``store``; not by a run's plan, whose writes are rolled back anyway and
+    would hold the rows' locks until then). Queries per batch: two, plus two when some entry
+    needs assessing."""
+    stored = HygieneAssessment.objects.filter(
+        entry=OuterRef("pk"),
+        content_hash=OuterRef("content_hash"),
+        title=OuterRef("title"),
+        patterns_key=patterns_key(patterns),
+    ).values("reasons")[:1]
     last = 0
     while True:
-        rows = list(qs.filter(pk__gt=last).order_by("pk").values(*_FIELDS)[:batch_size])
+        rows = list(
+            qs.filter(pk__gt=last)
+            .order_by("pk")
+            .annotate(stored_reasons=Subquery(stored, output_field=JSONField()))
+            .values(*_SCAN_FIELDS, "stored_reasons")[:batch_size]
+        )
         if not rows:
             return
         last = rows[-1]["pk"]
+        _text_reasons_of(rows, patterns, store=store)
         oldest = _oldest_live(workspace, {r["content_hash"] for r in rows})
         for r in rows:
             first = oldest.get(r["content_hash"])
             older = first[1] if first and first < (r["created_at"], r["pk"]) else None
-            reasons = assess(
-                title=r["title"],
-                content=r["content"],
-                source=r["source"],
-                last_feedback=r["last_feedback"],
-                duplicate_of=older,
-                patterns=patterns,
-            )
-            if reasons:
+            reasons = [
+                *r["text_reasons"],
+                *column_reasons(source=r["source"], last_feedback=r["last_feedback"], duplicate_of=older),
+            ]
+            if score(reasons) >= CANDIDATE_SCORE:
                 yield Candidate(r["pk"], r["created_at"], r["access_count"], tuple(reasons))
         on_batch()
 
@@ -574,7 +667,7 @@ def _details(c: Candidate) -> dict[str, Any]:
 def apply(
     workspace: Workspace, ids: Iterable[Any], *, actor: str, now: datetime | None = None
 ) -> dict[str, list[Any]]:
-    """Archive the requested entries that are in a fresh preview (still eligible, score > 0).
+    """Archive the requested entries that are in a fresh preview (still eligible, score ≥ 2).
     Anything else — unknown ids, other workspaces' ids, no longer eligible — is skipped. One
     transaction: one UPDATE and the LifecycleEvents (reason ``hygiene``, with the reasons)."""
     now = now or timezone.now()
@@ -612,6 +705,7 @@ def apply(
             )
         if archived:
             refresh_scores(workspace, now=now, ids=[*archived, *neighbour_ids(archived)])
+            live.announce_queue(workspace.pk)
     done = set(archived)
     return {"archived": archived, "skipped": [i for i in requested if i not in done] + invalid}
 
@@ -620,45 +714,73 @@ def keep(
     workspace: Workspace, ids: Iterable[Any], *, actor: str, now: datetime | None = None
 ) -> dict[str, list[Any]]:
     """An operator's "keep": the entries leave the queue until their content changes (a new
-    version has a new hash). ``actor`` and ``now`` are accepted for symmetry with ``apply``;
-    keeping changes no status, so it writes no LifecycleEvent."""
+    version has a new hash), and get an operator hold (SPEC §3.2): no pass archives them."""
+    now = now or timezone.now()
     requested, invalid = _requested(ids)
     qs = Entry.objects.filter(workspace=workspace, is_latest=True, pk__in=requested)
     with transaction.atomic():
         kept = sorted(qs.select_for_update().values_list("pk", flat=True))
         Entry.objects.filter(pk__in=kept).update(review_kept_hash=F("content_hash"))
+        holds.hold(workspace, kept, reason=HoldReason.KEEP, actor=actor, now=now)
     done = set(kept)
     return {"kept": kept, "skipped": [i for i in requested if i not in done] + invalid}
 
 
-def archive_low_quality(ctx: RunContext) -> PassResult:
-    """Pass 6: entries hygiene recommends archiving (score ≥ 4, never accessed), not kept,
-    unprotected, created more than low_quality_min_age_days before the run's ``now``, are
-    archived (reason ``low_quality``; each event's details carry the score and reasons)."""
+def _low_quality_picks(ctx: RunContext, qs: QuerySet[Entry]) -> dict[int, Candidate]:
     _, patterns = _policy(ctx.workspace)
-    cutoff = ctx.now - timedelta(days=ctx.policy.low_quality_min_age_days)
-    qs = _not_kept(
-        unprotected(latest(ctx).filter(status=Status.ACTIVE, access_count=0, created_at__lt=cutoff), ctx)
-    )
-    picked = {
+    return {
         c.id: c
-        for c in _scan(ctx.workspace, qs, patterns, batch_size=ctx.batch_size * 2, on_batch=ctx.heartbeat)
+        for c in _scan(
+            ctx.workspace,
+            qs,
+            patterns,
+            batch_size=ctx.batch_size * 2,
+            on_batch=ctx.heartbeat,
+            store=not ctx.planning,
+        )
         if c.recommendation == "archive"
     }
+
+
+def low_quality_base(ctx: RunContext) -> QuerySet[Entry]:
+    cutoff = ctx.now - timedelta(days=ctx.policy.low_quality_min_age_days)
+    return _not_kept(latest(ctx).filter(status=Status.ACTIVE, access_count=0, created_at__lt=cutoff))
+
+
+def archive_low_quality(ctx: RunContext, *, only: Iterable[int] | None = None) -> PassResult:
+    """Pass 6: entries hygiene recommends archiving (score ≥ 4, never accessed), not kept,
+    unprotected, created more than low_quality_min_age_days before the run's ``now``, are
+    archived (reason ``low_quality``; each event's details carry the score and reasons).
+    ``only``: approving proposals — the same rule, re-checked for those ids alone."""
+    base = low_quality_base(ctx)
+    if only is not None:
+        base = base.filter(pk__in=list(only))
+    # Held entries are scanned too, so that only those hygiene really wanted count as skipped.
+    picked = _low_quality_picks(ctx, base.exclude(_protected_but_holds(ctx)))
     result = PassResult()
     ids = sorted(picked)
     for start in range(0, len(ids), ctx.batch_size):
         chunk = ids[start : start + ctx.batch_size]
         done = transition(
             ctx,
-            latest(ctx).filter(pk__in=chunk, status=Status.ACTIVE),
+            unprotected(latest(ctx).filter(pk__in=chunk, status=Status.ACTIVE), ctx),
             to_status=Status.ARCHIVED,
             reason="low_quality",
         )
         _explain(ctx, done.ids, picked)
         result.ids += done.ids
+    result.values = {i: _details(picked[i]) for i in result.ids}
     result.count = len(result.ids)
     return result
+
+
+def _protected_but_holds(ctx: RunContext) -> Any:
+    return protected(
+        now=ctx.now,
+        hold_days=ctx.policy.operator_hold_days,
+        exclude_tags=ctx.policy.exclude_tags,
+        holds=False,
+    )
 
 
 def _explain(ctx: RunContext, ids: list[int], picked: Mapping[int, Candidate]) -> None:

@@ -8,10 +8,14 @@ renewed for LEASE_TTL is free again, so a killed run never blocks its workspace 
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Q
+from django.utils import timezone
 
 from maintenance.models import MaintenanceLease, MaintenanceRun
 from memory.models import Workspace
@@ -46,3 +50,61 @@ def release(workspace: Workspace, *, holder: str) -> None:
 
 def holder_of(workspace: Workspace) -> str:
     return MaintenanceLease.objects.filter(workspace=workspace).values_list("holder", flat=True).first() or ""
+
+
+def holding_run_id(workspace: Workspace) -> int | None:
+    """The id of the run that holds the workspace's lease, if a run holds it."""
+    return (
+        MaintenanceLease.objects.filter(workspace=workspace)
+        .exclude(holder="")
+        .values_list("run_id", flat=True)
+        .first()
+    )
+
+
+def held(workspace: Workspace, *, now: datetime) -> tuple[bool, int | None]:
+    """Whether someone holds the workspace's lease now (claimed and renewed within LEASE_TTL),
+    and the id of the run that holds it (None when the holder is not a run: an approval)."""
+    row = (
+        MaintenanceLease.objects.filter(workspace=workspace)
+        .exclude(holder="")
+        .filter(renewed_at__gte=now - LEASE_TTL)
+        .values_list("run_id", flat=True)
+    )
+    found = list(row[:1])
+    return (bool(found), found[0] if found else None)
+
+
+KEEP_ALIVE_EVERY = 10.0  # seconds between two renewals from the side connection
+
+
+def keep_alive(workspace: Workspace, *, holder: str) -> Callable[[], bool] | None:
+    """A renewal for a phase that runs inside one long transaction (the plan, rolled back at
+    its end: a renewal inside it would be rolled back too). On PostgreSQL it renews from a
+    connection of its own, committed at once, at most every KEEP_ALIVE_EVERY seconds, never
+    waiting for a lock (SKIP LOCKED): so a plan longer than the lease's TTL keeps it. It only
+    extends; it never reports the lease lost — the caller checks on its own connection once
+    the phase is over, as before. None where it cannot work: on SQLite (the plan holds the
+    database's write lock, no other connection can write) and inside a caller's transaction."""
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return None
+    last = [time.monotonic()]
+
+    def renew_aside() -> bool:
+        if time.monotonic() - last[0] < KEEP_ALIVE_EVERY:
+            return True
+        last[0] = time.monotonic()
+        side = connections.create_connection(DEFAULT_DB_ALIAS)
+        try:
+            table = MaintenanceLease._meta.db_table
+            with side.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {table} SET renewed_at = %s WHERE id = (SELECT id FROM {table}"
+                    " WHERE workspace_id = %s AND holder = %s FOR UPDATE SKIP LOCKED)",
+                    [timezone.now(), workspace.pk, holder],
+                )
+        finally:
+            side.close()
+        return True
+
+    return renew_aside

@@ -11,7 +11,15 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
-from maintenance.policy import LIMITS, PolicyValues, clamp_value, clean_tags
+from maintenance.policy import (
+    LIMITS,
+    PROPOSE,
+    REVIEW_MODES,
+    PolicyValues,
+    clamp_value,
+    clean_review_mode,
+    clean_tags,
+)
 from memory.models import Entry, Workspace
 
 
@@ -51,6 +59,15 @@ class MaintenancePolicy(models.Model):
     consolidation_min_age_days = _limit_field("consolidation_min_age_days")
     max_tombstone_fraction = _limit_field("max_tombstone_fraction")
     backups_keep = _limit_field("backups_keep")
+    operator_hold_days = _limit_field("operator_hold_days")
+    audit_retention_days = _limit_field("audit_retention_days")
+    review_mode = models.CharField(
+        max_length=8,
+        choices=[(m, m) for m in REVIEW_MODES],
+        default=PROPOSE,
+        help_text="propose: automation proposes archives and tombstones for an operator to approve; "
+        "apply: it applies them at once",
+    )
     exclude_tags = models.JSONField(default=list, blank=True, help_text="Tags no pass may touch")
     residue_patterns = models.JSONField(
         null=True, blank=True, help_text="Hygiene implementation_residue patterns; empty = built-in"
@@ -81,6 +98,7 @@ class MaintenancePolicy(models.Model):
         for name in LIMITS:
             setattr(self, name, clamp_value(name, getattr(self, name)))
         self.exclude_tags = clean_tags(self.exclude_tags)
+        self.review_mode = clean_review_mode(self.review_mode)
 
     def values(self) -> PolicyValues:
         data = {f.name: getattr(self, f.name) for f in dc_fields(PolicyValues)}
@@ -110,8 +128,10 @@ class RunTrigger(models.TextChoices):
 
 
 class RunStatus(models.TextChoices):
+    QUEUED = "queued"  # recorded and handed to the worker (django-q2); not started yet
     RUNNING = "running"
     SUCCEEDED = "succeeded"
+    PROPOSED = "proposed"
     FAILED = "failed"
     BLOCKED = "blocked"
     SKIPPED = "skipped"
@@ -129,7 +149,23 @@ class MaintenanceRun(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     params = models.JSONField(default=dict, blank=True, help_text="Effective parameters")
     counts = models.JSONField(default=dict, blank=True)
-    affected = models.JSONField(default=dict, blank=True)
+    affected = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The first AFFECTED_KEPT entry ids of each action (a bounded sample; the complete "
+        "lists of a real run are its LifecycleEvents)",
+    )
+    affected_total = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="How many entries each action has (archived, tombstoned, purged, proposed_archive, "
+        "proposed_tombstone): the true lengths of the lists ``affected`` samples",
+    )
+    progress = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="While it works: phase, current pass, passes done, rows done, elapsed seconds",
+    )
     result = models.JSONField(default=dict, blank=True, help_text="The result object returned to callers")
     backup_file = models.CharField(max_length=300, blank=True)
     error = models.TextField(blank=True)
@@ -143,6 +179,31 @@ class MaintenanceRun(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.pk} {self.kind} ({self.status})"
+
+
+class RunDaySummary(models.Model):
+    """Runs that changed nothing (and skipped ones), folded by the reclaim pass once they are a
+    week old: how many runs of one kind, status and dry-run flag started on one UTC day. The
+    run history shows these counts where the single rows were."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="run_days")
+    day = models.DateField(help_text="UTC day the runs started")
+    kind = models.CharField(max_length=16, choices=RunKind.choices)
+    status = models.CharField(max_length=16, choices=RunStatus.choices)
+    dry_run = models.BooleanField(default=False)
+    runs = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        verbose_name_plural = "run day summaries"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "day", "kind", "status", "dry_run"], name="run_day_once"
+            ),
+        ]
+        indexes = [models.Index(fields=["workspace", "-day"], name="run_day_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.runs} {self.kind} runs {self.status} on {self.day}"
 
 
 class MaintenanceLease(models.Model):
@@ -227,3 +288,99 @@ class Backup(models.Model):
 
     def __str__(self) -> str:
         return self.file_name
+
+
+class ProposalAction(models.TextChoices):
+    ARCHIVE = "archive"
+    TOMBSTONE = "tombstone"
+
+
+class ProposalStatus(models.TextChoices):
+    OPEN = "open"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    SKIPPED = "skipped"  # approved, but the re-check found it no longer held (``note`` says why)
+    SUPERSEDED = "superseded"  # a newer run of the same passes no longer proposed it
+
+
+class Proposal(models.Model):
+    """A change a propose-mode run would have made (SPEC §3.1). The open ones of a workspace
+    are its one proposal set: a later run of the same passes confirms (moves to itself), adds
+    or supersedes them, so the set never grows past what automation currently wants."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="proposals")
+    run = models.ForeignKey(MaintenanceRun, on_delete=models.CASCADE, related_name="proposals")
+    # A proposal outlives its entry's purge as a closed record, like a Tombstone.
+    entry = models.ForeignKey(Entry, null=True, on_delete=models.SET_NULL, related_name="+")
+    entry_ref = models.BigIntegerField()
+    action = models.CharField(max_length=16, choices=ProposalAction.choices)
+    reason = models.CharField(max_length=32, help_text="The count key of the pass that proposed it")
+    values = models.JSONField(default=dict, blank=True, help_text="The values that decided it")
+    why = models.CharField(max_length=300, blank=True, help_text="The deciding values, in words")
+    status = models.CharField(max_length=16, choices=ProposalStatus.choices, default=ProposalStatus.OPEN)
+    created_at = models.DateTimeField(default=timezone.now)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decided_by = models.CharField(max_length=200, blank=True)
+    note = models.CharField(max_length=300, blank=True, help_text="Why an approval skipped it")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(action__in=ProposalAction.values), name="proposal_action_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=ProposalStatus.values), name="proposal_status_valid"
+            ),
+            models.UniqueConstraint(
+                fields=["entry_ref", "action"],
+                condition=Q(status="open"),
+                name="proposal_one_open_per_entry_action",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["workspace", "reason", "entry_ref"],
+                condition=Q(status="open"),
+                name="proposal_open_set",
+            ),
+            models.Index(fields=["run", "entry_ref"], name="proposal_by_run"),
+        ]
+
+    def __str__(self) -> str:
+        return f"proposal {self.action} #{self.entry_ref} ({self.reason}, {self.status})"
+
+
+class PlanScore(models.Model):
+    """A run's plan scores every latest entry into this *temporary* table (created inside the
+    plan's transaction, gone with it) instead of rewriting the wide, indexed ``memory_entry``
+    row of each entry only to roll the writes back: the plan's passes read importance and
+    retention from here (``maintenance.scoring_db.plan_scores``). Never a real table."""
+
+    entry_id = models.BigIntegerField(primary_key=True)
+    importance = models.FloatField()
+    retention = models.FloatField()
+
+    class Meta:
+        managed = False
+        db_table = "maintenance_planscore"
+
+    def __str__(self) -> str:
+        return f"plan score of entry {self.entry_id}"
+
+
+class HygieneAssessment(models.Model):
+    """The text half of an entry's hygiene assessment, kept so that the preview, the review
+    page's count and pass 6 do not re-run the text detectors over every entry on every call.
+    Valid while the entry's title and content hash are the ones assessed and the residue
+    patterns (with the detectors' version) are the ones of ``patterns_key``; anything else is
+    assessed again and stored over it. The cheap reasons (duplicate, feedback, import) are
+    never stored: they are read off the entry each time."""
+
+    entry = models.OneToOneField(Entry, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    content_hash = models.CharField(max_length=64)
+    title = models.TextField(blank=True)
+    patterns_key = models.CharField(max_length=64)
+    reasons = models.JSONField(default=list)  # [{"code", "points", "detail"}] of the text detectors
+
+    def __str__(self) -> str:
+        return f"hygiene assessment of entry {self.entry_id}"

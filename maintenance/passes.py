@@ -17,18 +17,18 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Case, Exists, F, OuterRef, Q, QuerySet, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Coalesce, Least
 
 from maintenance.policy import PolicyValues
-from maintenance.scoring_db import counted_end, refresh_scores
+from maintenance.scoring_db import counted_end, plan_scores, refresh_scores
 from memory.models import (
-    MANAGED_SOURCES,
     Entry,
     EntryAccess,
     EntryType,
     LifecycleEvent,
     Relationship,
+    RelationshipType,
     StagedClass,
     Status,
     Tag,
@@ -36,6 +36,8 @@ from memory.models import (
     Tombstone,
     TombstoneReason,
     Workspace,
+    held,
+    protected,
 )
 
 BATCH_SIZE = 500
@@ -64,6 +66,11 @@ class RunContext:
     # at once. Otherwise a tombstone is also kept until its own purge_after, so lowering the
     # grace in the policy never purges earlier than the countdown an operator was shown.
     explicit_grace: bool = False
+    # Held entries the passes skipped (ids), for the run's held_skipped count.
+    held: set[int] = field(default_factory=set)
+    # The plan: the score pass fills the temporary maintenance_planscore table instead of the
+    # stored columns, and the passes read importance and retention from it (``importance_of``).
+    planning: bool = False
 
     def heartbeat(self) -> None:
         if not self.renew():
@@ -75,6 +82,8 @@ class PassResult:
     count: int = 0
     ids: list[int] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # Per changed id, values that decided it beyond the entry's own columns (a proposal shows them).
+    values: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 # --- predicates ---------------------------------------------------------------------------
@@ -84,29 +93,70 @@ def latest(ctx: RunContext) -> QuerySet[Entry]:
     return Entry.objects.filter(workspace=ctx.workspace, is_latest=True)
 
 
-def unprotected(qs: QuerySet[Entry], ctx: RunContext, *, honour_pin: bool = True) -> QuerySet[Entry]:
-    """Entries automation may archive or tombstone: managed source, not constitutional, none of
-    the excluded tags, and (unless a writer's TTL overrides it) not pinned."""
-    qs = qs.filter(source__in=MANAGED_SOURCES).exclude(tier=Tier.CONSTITUTIONAL)
-    if honour_pin:
-        qs = qs.filter(pinned=False)
-    if ctx.policy.exclude_tags:
-        excluded = Entry.tags.through.objects.filter(
-            entry_id=OuterRef("pk"), tag__name__in=list(ctx.policy.exclude_tags)
-        )
-        qs = qs.exclude(Exists(excluded))
-    return qs
+def _score_of(ctx: RunContext, column: str) -> Any:
+    if not ctx.planning:
+        return F(column)
+    from maintenance.models import PlanScore
+
+    # An entry the plan's score pass did not score (written during the plan, or rescored in
+    # place since) has its stored value, as it has in the apply.
+    planned = PlanScore.objects.filter(entry_id=OuterRef("pk")).values(column)[:1]
+    return Coalesce(Subquery(planned), F(column))
+
+
+def importance_of(ctx: RunContext) -> Any:
+    """The importance a pass decides on: the stored column, or in the plan the plan's score."""
+    return _score_of(ctx, "importance")
+
+
+def retention_of(ctx: RunContext) -> Any:
+    """The retention a pass decides on: the stored column, or in the plan the plan's score."""
+    return _score_of(ctx, "retention")
+
+
+def _rule(ctx: RunContext, *, honour_pin: bool, holds: bool) -> Q:
+    return protected(
+        now=ctx.now,
+        hold_days=ctx.policy.operator_hold_days,
+        exclude_tags=ctx.policy.exclude_tags,
+        honour_pin=honour_pin,
+        holds=holds,
+    )
+
+
+def held_only(qs: QuerySet[Entry], ctx: RunContext, *, honour_pin: bool = True) -> QuerySet[Entry]:
+    """The entries of ``qs`` that only an operator hold keeps from automation."""
+    return qs.exclude(_rule(ctx, honour_pin=honour_pin, holds=False)).filter(
+        held(now=ctx.now, hold_days=ctx.policy.operator_hold_days)
+    )
+
+
+def unprotected(
+    qs: QuerySet[Entry], ctx: RunContext, *, honour_pin: bool = True, note_held: bool = True
+) -> QuerySet[Entry]:
+    """``qs`` without the entries the one protection rule (``memory.models.protected``) keeps
+    from automation. The held entries the pass would otherwise have changed are noted on the
+    context (``held_skipped``): an operator sees that automation wanted them. ``note_held=False``
+    for a pass that decides more after this filter and notes them itself."""
+    if note_held:
+        ctx.held.update(held_only(qs, ctx, honour_pin=honour_pin).values_list("pk", flat=True))
+    return qs.exclude(_rule(ctx, honour_pin=honour_pin, holds=True))
 
 
 def live_link_exists(now: datetime) -> Exists | Any:
     """An active (not pruned) link, in either direction, to a latest entry that is not
-    tombstoned (or was tombstoned at or after the run's ``now``: see ``counted_end``)."""
+    tombstoned (or was tombstoned at or after the run's ``now``: see ``counted_end``) — except
+    an incoming ``evolves_from``: a newer entry that evolved from this one (a consolidation, a
+    compaction's retrospective) carries what it needed of it, so that link marks this entry as
+    absorbed, not as needed. Without the exception every consolidated turn and every compacted
+    fragment would be high value for ever (measured in bench/reports/locomo.md: no turn of a
+    consolidated conversation was ever reclaimed)."""
     out = Relationship.objects.filter(
         counted_end("to_entry", now), from_entry=OuterRef("pk"), pruned_at__isnull=True
     )
     inc = Relationship.objects.filter(
         counted_end("from_entry", now), to_entry=OuterRef("pk"), pruned_at__isnull=True
-    )
+    ).exclude(type=RelationshipType.EVOLVES_FROM)
     return Exists(out) | Exists(inc)
 
 
@@ -206,7 +256,12 @@ def _days_ago(ctx: RunContext, days: float) -> datetime:
 
 
 def score(ctx: RunContext) -> PassResult:
-    """1. Refresh importance and retention of every latest entry."""
+    """1. Refresh importance and retention of every latest entry (in the plan: into the
+    temporary table the plan's passes read, one statement, see ``plan_scores``)."""
+    if ctx.planning:
+        return PassResult(
+            count=plan_scores(ctx.workspace, now=ctx.now, params=ctx.policy.decay_params, live_since=ctx.now)
+        )
     n = refresh_scores(
         ctx.workspace,
         now=ctx.now,
@@ -265,12 +320,15 @@ def graduate_staged(ctx: RunContext) -> PassResult:
     return result
 
 
-def expire_staged(ctx: RunContext) -> PassResult:
-    """3. Staged traces never reinforced whose TTL has passed are archived."""
-    candidates = unprotected(
+def expire_staged_candidates(ctx: RunContext) -> QuerySet[Entry]:
+    return unprotected(
         latest(ctx).filter(status=Status.STAGED, reinforced_at__isnull=True, ttl_expires_at__lte=ctx.now), ctx
     )
-    return transition(ctx, candidates, to_status=Status.ARCHIVED, reason="staged_expiry")
+
+
+def expire_staged(ctx: RunContext) -> PassResult:
+    """3. Staged traces never reinforced whose TTL has passed are archived."""
+    return transition(ctx, expire_staged_candidates(ctx), to_status=Status.ARCHIVED, reason="staged_expiry")
 
 
 def mark_stale(ctx: RunContext) -> PassResult:
@@ -286,30 +344,25 @@ def mark_stale(ctx: RunContext) -> PassResult:
     return transition(ctx, candidates, to_status=Status.STALE, reason="stale")
 
 
+def archive_candidates(ctx: RunContext, *, stale_part: bool = True) -> QuerySet[Entry]:
+    rule = Q(pk__in=[])
+    if stale_part:
+        rule |= Q(status=Status.STALE, status_changed_at__lte=_days_ago(ctx, ctx.policy.archive_after_days))
+    if ctx.policy.archive_older_than_days > 0:
+        rule |= Q(
+            status__in=[Status.ACTIVE, Status.STALE],
+            created_at__lt=_days_ago(ctx, ctx.policy.archive_older_than_days),
+            run_importance__lt=ctx.policy.importance_threshold,
+        )
+    return unprotected(latest(ctx).alias(run_importance=importance_of(ctx)).filter(rule), ctx)
+
+
 def archive(ctx: RunContext, *, stale_part: bool = True) -> PassResult:
     """5. Stale for archive_after_days → archived; and, when archive_older_than_days > 0,
     older than that with importance below the threshold → archived."""
-    result = PassResult()
-    if stale_part:
-        stale = unprotected(
-            latest(ctx).filter(
-                status=Status.STALE, status_changed_at__lte=_days_ago(ctx, ctx.policy.archive_after_days)
-            ),
-            ctx,
-        )
-        result.ids += transition(ctx, stale, to_status=Status.ARCHIVED, reason="archive").ids
-    if ctx.policy.archive_older_than_days > 0:
-        old = unprotected(
-            latest(ctx).filter(
-                status__in=[Status.ACTIVE, Status.STALE],
-                created_at__lt=_days_ago(ctx, ctx.policy.archive_older_than_days),
-                importance__lt=ctx.policy.importance_threshold,
-            ),
-            ctx,
-        )
-        result.ids += transition(ctx, old, to_status=Status.ARCHIVED, reason="archive").ids
-    result.count = len(result.ids)
-    return result
+    return transition(
+        ctx, archive_candidates(ctx, stale_part=stale_part), to_status=Status.ARCHIVED, reason="archive"
+    )
 
 
 def archive_low_quality(ctx: RunContext) -> PassResult:
@@ -328,23 +381,30 @@ def compact(ctx: RunContext) -> PassResult:
     return compaction.compact(ctx)
 
 
+def prune_candidates(ctx: RunContext) -> QuerySet[Entry]:
+    if ctx.policy.prune_older_than_days <= 0:
+        return latest(ctx).none()
+    return unprotected(
+        not_high_value(
+            latest(ctx)
+            .alias(run_importance=importance_of(ctx))
+            .filter(
+                status__in=[Status.ACTIVE, Status.STALE, Status.ARCHIVED],
+                created_at__lt=_days_ago(ctx, ctx.policy.prune_older_than_days),
+                run_importance__lt=ctx.policy.importance_threshold,
+            ),
+            ctx.now,
+        ),
+        ctx,
+    )
+
+
 def prune(ctx: RunContext) -> PassResult:
     """8. When prune_older_than_days > 0: entries older than that whose importance is strictly
     below the threshold are tombstoned."""
     if ctx.policy.prune_older_than_days <= 0:
         return PassResult()
-    candidates = not_high_value(
-        unprotected(
-            latest(ctx).filter(
-                status__in=[Status.ACTIVE, Status.STALE, Status.ARCHIVED],
-                created_at__lt=_days_ago(ctx, ctx.policy.prune_older_than_days),
-                importance__lt=ctx.policy.importance_threshold,
-            ),
-            ctx,
-        ),
-        ctx.now,
-    )
-    return tombstone(ctx, candidates, TombstoneReason.PRUNE)
+    return tombstone(ctx, prune_candidates(ctx), TombstoneReason.PRUNE)
 
 
 def decay_candidates(ctx: RunContext) -> QuerySet[Entry]:
@@ -352,49 +412,92 @@ def decay_candidates(ctx: RunContext) -> QuerySet[Entry]:
     return latest(ctx).filter(tier=Tier.EPISODIC, status__in=[Status.ACTIVE, Status.STALE])
 
 
+def cold_candidates(ctx: RunContext) -> QuerySet[Entry]:
+    cold = decay_candidates(ctx).annotate(run_retention=retention_of(ctx))
+    return unprotected(not_high_value(cold.filter(run_retention__lt=ctx.policy.cold_threshold), ctx.now), ctx)
+
+
+# run_retention: the retention the pass decided on (cold_candidates), reported as "retention".
+DECAY_DETAILS = ("run_retention", "created_at", "access_count")
+TTL_DETAILS = ("expires_at",)
+
+
 def decay(ctx: RunContext) -> PassResult:
     """9. Episodic, managed, unprotected, not high-value entries whose retention is strictly
     below the cold threshold are tombstoned."""
     evaluated = decay_candidates(ctx).count()
-    candidates = not_high_value(
-        unprotected(decay_candidates(ctx).filter(retention__lt=ctx.policy.cold_threshold), ctx), ctx.now
-    )
-    result = tombstone(
-        ctx, candidates, TombstoneReason.DECAY, detail_fields=("retention", "created_at", "access_count")
-    )
-    result.extra = {"candidates_evaluated": evaluated, "evicted_rows": result.extra.get("rows", [])}
+    result = tombstone(ctx, cold_candidates(ctx), TombstoneReason.DECAY, detail_fields=DECAY_DETAILS)
+    rows = [{**r, "retention": r.pop("run_retention")} for r in result.extra.get("rows", [])]
+    result.extra = {"candidates_evaluated": evaluated, "evicted_rows": rows}
     return result
 
 
-def expire_ttl(ctx: RunContext) -> PassResult:
-    """10. expires_at ≤ now → tombstoned. The writer asked for it, so it is honoured even for
-    pinned and high-value entries; unmanaged sources, constitutional entries and excluded tags
-    stay protected."""
-    candidates = unprotected(
+def ttl_candidates(ctx: RunContext) -> QuerySet[Entry]:
+    """The writer asked for it, so a TTL is honoured even for pinned and high-value entries;
+    every other protection — an operator hold included — still applies."""
+    return unprotected(
         latest(ctx).filter(
             status__in=[Status.STAGED, Status.ACTIVE, Status.STALE, Status.ARCHIVED], expires_at__lte=ctx.now
         ),
         ctx,
         honour_pin=False,
     )
-    result = tombstone(ctx, candidates, TombstoneReason.TTL, detail_fields=("expires_at",))
+
+
+def expire_ttl(ctx: RunContext) -> PassResult:
+    """10. expires_at ≤ now → tombstoned."""
+    result = tombstone(ctx, ttl_candidates(ctx), TombstoneReason.TTL, detail_fields=TTL_DETAILS)
     result.extra = {"expired_rows": result.extra.get("rows", [])}
     return result
 
 
-def reclaim(ctx: RunContext) -> PassResult:
-    """11. Archived for reclaim_archived_after_days → tombstoned."""
-    candidates = not_high_value(
-        unprotected(
+def reclaim_candidates(ctx: RunContext) -> QuerySet[Entry]:
+    return unprotected(
+        not_high_value(
             latest(ctx).filter(
                 status=Status.ARCHIVED,
                 archived_at__lte=_days_ago(ctx, ctx.policy.reclaim_archived_after_days),
             ),
-            ctx,
+            ctx.now,
         ),
-        ctx.now,
+        ctx,
     )
-    return tombstone(ctx, candidates, TombstoneReason.RECLAIM)
+
+
+def reclaim(ctx: RunContext) -> PassResult:
+    """11. Archived for reclaim_archived_after_days → tombstoned."""
+    return tombstone(ctx, reclaim_candidates(ctx), TombstoneReason.RECLAIM)
+
+
+@dataclass(frozen=True)
+class Change:
+    """How one proposing pass changes an entry, for approving its proposals later (SPEC §3.1):
+    the pass's own candidate rule, re-checked at approval, and its transition."""
+
+    action: str  # archive | tombstone
+    candidates: Callable[[RunContext], QuerySet[Entry]]
+    event_reason: str
+
+
+# The simple proposing passes, by count key. Passes 6 (low quality) and 7 (compaction) judge
+# in Python and write digests: their modules approve their own proposals.
+CHANGES: dict[str, Change] = {
+    "staged_expired": Change("archive", expire_staged_candidates, "staged_expiry"),
+    "archived": Change("archive", archive_candidates, "archive"),
+    "pruned": Change("tombstone", prune_candidates, TombstoneReason.PRUNE),
+    "evicted": Change("tombstone", cold_candidates, TombstoneReason.DECAY),
+    "expired": Change("tombstone", ttl_candidates, TombstoneReason.TTL),
+    "reclaimed": Change("tombstone", reclaim_candidates, TombstoneReason.RECLAIM),
+}
+
+
+def apply_change(ctx: RunContext, key: str, ids: list[int]) -> PassResult:
+    """Apply the proposals of pass ``key`` for ``ids``: those still candidates of the pass now."""
+    change = CHANGES[key]
+    candidates = change.candidates(ctx).filter(pk__in=ids)
+    if change.action == "tombstone":
+        return tombstone(ctx, candidates, change.event_reason)
+    return transition(ctx, candidates, to_status=Status.ARCHIVED, reason=change.event_reason)
 
 
 def prune_links(ctx: RunContext) -> PassResult:
@@ -517,7 +620,8 @@ def count_orphans(ctx: RunContext) -> PassResult:
     )
     n = (
         latest(ctx)
-        .filter(status__in=[Status.STAGED, Status.ACTIVE, Status.STALE], importance__lt=ORPHAN_IMPORTANCE)
+        .alias(run_importance=importance_of(ctx))
+        .filter(status__in=[Status.STAGED, Status.ACTIVE, Status.STALE], run_importance__lt=ORPHAN_IMPORTANCE)
         .exclude(Exists(any_link))
         .count()
     )

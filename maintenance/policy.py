@@ -42,7 +42,22 @@ LIMITS: dict[str, Limit] = {
     "consolidation_min_age_days": Limit(14, 1, 365, integer=True),
     "max_tombstone_fraction": Limit(0.5, 0.01, 1.0),
     "backups_keep": Limit(5, 1, 100, integer=True),
+    "operator_hold_days": Limit(0, 0, 3650, integer=True),
+    # How long the bookkeeping of maintenance (runs, their events, records of purged lineages)
+    # is kept; 0 = for ever. What an operator can still revert is kept regardless.
+    "audit_retention_days": Limit(730, 0, 3650, integer=True),
 }
+
+# Who has the last word on archives and tombstones (SPEC §3.1): in ``propose`` mode the passes
+# record proposals an operator approves; in ``apply`` mode they change entries at once.
+PROPOSE = "propose"
+APPLY = "apply"
+REVIEW_MODES = (PROPOSE, APPLY)
+
+
+def clean_review_mode(value: Any) -> str:
+    """A known review mode, else ``propose``: the reading that can never lose data."""
+    return value if value in REVIEW_MODES else PROPOSE
 
 
 def clamp_value(name: str, value: Any) -> float | int:
@@ -113,7 +128,10 @@ class PolicyValues:
     consolidation_min_age_days: int = 14
     max_tombstone_fraction: float = 0.5
     backups_keep: int = 5
+    operator_hold_days: int = 0
+    audit_retention_days: int = 730
     exclude_tags: tuple[str, ...] = ()
+    review_mode: str = PROPOSE
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> PolicyValues:
@@ -121,6 +139,8 @@ class PolicyValues:
         for f in fields(cls):
             if f.name == "exclude_tags":
                 values[f.name] = tuple(clean_tags(data.get("exclude_tags", [])))
+            elif f.name == "review_mode":
+                values[f.name] = clean_review_mode(data.get("review_mode"))
             else:
                 values[f.name] = clamp_value(f.name, data.get(f.name))
         return cls(**values)
@@ -135,6 +155,10 @@ class PolicyValues:
             cold_threshold=self.cold_threshold,
             breadth_weight=self.breadth_weight,
         )
+
+    @property
+    def proposes(self) -> bool:
+        return self.review_mode == PROPOSE
 
     @property
     def purge_grace_days(self) -> int:

@@ -20,8 +20,9 @@ from django.utils import timezone
 
 from maintenance.models import MaintenanceRun
 from maintenance.scoring_db import refresh_scores
+from memory import holds
 from memory.errors import NotFound
-from memory.models import Entry, LifecycleEvent, Relationship, Status, Tombstone, Workspace
+from memory.models import Entry, HoldReason, LifecycleEvent, Relationship, Status, Tombstone, Workspace
 from memory.services import neighbour_ids
 
 REVERTIBLE_TO = (Status.ARCHIVED, Status.TOMBSTONED, Status.STALE)
@@ -55,12 +56,21 @@ def _latest_ids(workspace: Workspace, entry_ids: Iterable[int]) -> dict[int, int
     return {pk: latest[lineage] for pk, lineage in lineage_of.items() if lineage in latest}
 
 
+# Entries reverted per transaction: a revert of a run that tombstoned 250,000 entries holds
+# its row locks for one batch at a time, never for the whole revert.
+REVERT_BATCH = 2000
+# The columns of a LifecycleEvent a revert reads (not the details JSON, not the run row).
+EVENT_FIELDS = ("pk", "entry_id", "created_at", "from_status", "to_status", "run_id")
+
+
 def revert_events(
     workspace: Workspace, events: Iterable[LifecycleEvent], *, actor: str, now: datetime | None = None
 ) -> dict[str, Any]:
     """Undo the given automatic events. Per entry, the newest of its events among them must
     match the entry's current status; the entry goes back to the status before the oldest one.
-    Returns {"reverted": [entry ids], "skipped": [entry ids]}."""
+    Returns {"reverted": [entry ids], "skipped": [entry ids]}. Entries are reverted in batches
+    of ``REVERT_BATCH``, one transaction each: a revert stopped half-way leaves whole batches
+    reverted (their events marked), and reverting again finishes the rest."""
     now = now or timezone.now()
     events = [e for e in events if e.entry_id is not None]
     latest_of = _latest_ids(workspace, [e.entry_id for e in events if e.entry_id is not None])
@@ -68,12 +78,25 @@ def revert_events(
     for event in events:
         if event.entry_id in latest_of:
             by_entry[latest_of[event.entry_id]].append(event)
-    if not by_entry:
-        return {"reverted": [], "skipped": []}
+    reverted: list[int] = []
+    skipped: list[int] = []
+    entry_ids = sorted(by_entry)
+    for start in range(0, len(entry_ids), REVERT_BATCH):
+        chunk = {entry_id: by_entry[entry_id] for entry_id in entry_ids[start : start + REVERT_BATCH]}
+        done, passed = _revert_batch(workspace, chunk, actor=actor, now=now)
+        reverted += done
+        skipped += passed
+    return {"reverted": sorted(reverted), "skipped": sorted(skipped)}
+
+
+def _revert_batch(
+    workspace: Workspace, by_entry: dict[int, list[LifecycleEvent]], *, actor: str, now: datetime
+) -> tuple[list[int], list[int]]:
     with transaction.atomic():
         current = dict(
             Entry.objects.select_for_update()
             .filter(workspace=workspace, pk__in=list(by_entry), is_latest=True)
+            .order_by("pk")
             .values_list("pk", "status")
         )
         # The newest event of each entry must be the one that put it where it is now: a later
@@ -109,19 +132,23 @@ def revert_events(
                 from_status=current[entry_id],
                 to_status=to,
                 reason="revert",
-                run=newest_by_entry[entry_id].run,
+                # The id, not the row: reading each event's run would be one query per entry.
+                run_id=newest_by_entry[entry_id].run_id,
                 actor=actor,
                 automatic=False,
-                reverts=newest_by_entry[entry_id],
+                reverts_id=newest_by_entry[entry_id].pk,
                 created_at=now,
+                details={"hold": HoldReason.REVERT},
             )
             for (_, to), ids in groups.items()
             for entry_id in ids
         )
         LifecycleEvent.objects.filter(pk__in=[e.pk for e in undone]).update(reverted_at=now)
+        # The operator's decision sticks: the next run must not redo what was just undone.
+        holds.hold(workspace, reverted, reason=HoldReason.REVERT, actor=actor, now=now, event=False)
         if reverted:
             refresh_scores(workspace, now=now, ids=[*reverted, *neighbour_ids(reverted)])
-    return {"reverted": sorted(reverted), "skipped": sorted(skipped)}
+    return reverted, skipped
 
 
 def _newest_event_ids(entry_ids: list[int]) -> dict[int, int]:
@@ -130,6 +157,7 @@ def _newest_event_ids(entry_ids: list[int]) -> dict[int, int]:
     newest: dict[int, int] = {}
     rows = (
         LifecycleEvent.objects.filter(entry__lineage_id__in=list(lineage_to_latest))
+        .exclude(reason__in=holds.EVENT_REASONS)  # a hold or release changes no status
         .order_by("created_at", "pk")
         .values_list("entry__lineage_id", "pk")
     )
@@ -185,7 +213,10 @@ def revert_run(
         raise NotFound(f"run {run_id} not found")
     now = now or timezone.now()
     events = list(
-        _revertible(workspace).filter(run=run, to_status__in=RUN_REVERT_TO).order_by("created_at", "pk")
+        _revertible(workspace)
+        .filter(run=run, to_status__in=RUN_REVERT_TO)
+        .order_by("created_at", "pk")
+        .only(*EVENT_FIELDS)
     )
     result = revert_events(workspace, events, actor=actor, now=now)
     result["summaries_archived"] = _retire_created(workspace, run, actor=actor, now=now)

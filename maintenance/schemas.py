@@ -8,15 +8,16 @@ update is clamped into them instead, as SPEC §1 says of every stored policy val
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
 from django.utils import timezone
 from ninja import Field, Schema
-from pydantic import AfterValidator, ConfigDict, StrictBool
+from pydantic import AfterValidator, ConfigDict, StrictBool, model_validator
 
-from maintenance.models import RunKind, RunStatus, RunTrigger
-from maintenance.policy import LIMITS
+from maintenance.models import ProposalAction, RunKind, RunStatus, RunTrigger
+from maintenance.policy import LIMITS, PROPOSE, REVIEW_MODES
+from maintenance.proposals import ACTIONS
 from memory.models import TombstoneReason
 from memory.schemas import ErrorOut, no_nul  # one error shape, one schema name in the OpenAPI document
 
@@ -53,6 +54,16 @@ class PageIn(Schema):
 class RunListIn(PageIn):
     kind: RunKind | None = None
     status: RunStatus | None = None
+
+
+AffectedAction = Literal["archived", "tombstoned", "purged", "proposed_archive", "proposed_tombstone"]
+
+
+class RunAffectedIn(PageIn):
+    action: AffectedAction = Field(
+        description="archived, tombstoned or purged (what the run changed), or proposed_archive / "
+        "proposed_tombstone (what a propose-mode run proposed)"
+    )
 
 
 class TombstoneListIn(PageIn):
@@ -119,16 +130,58 @@ class CountsOut(Schema):
     evicted: int
     expired: int
     reclaimed: int
+    reclaimed_rows: dict[str, int] = Field(
+        default_factory=dict,
+        description="Bookkeeping rows the reclaim pass removed, by kind: folded_runs (runs that changed "
+        "nothing, folded into per-day counts once a week old), tombstones and lifecycle_events (of "
+        "lineages purged longer than audit_retention_days ago), proposals and runs (past the "
+        "retention, with nothing left to revert), run_days (per-day counts past the retention); "
+        "kinds with nothing removed are left out",
+    )
     links_pruned: int
     hard_deleted: int
     disputes_flagged: int
-    orphans: int
+    orphans: int = Field(description="metric: live entries with no active link and importance < 0.2")
+    held_skipped: int = Field(
+        0, description="metric: entries a pass would have changed but for an operator hold"
+    )
+
+
+class ProposedIdsOut(Schema):
+    archive: list[int]
+    tombstone: list[int]
+
+
+def _absent(value: Any) -> bool:
+    # Keys a result has only in propose mode are left out otherwise, so the API returns exactly
+    # the result object stored on the run.
+    return value is None
 
 
 class AffectedOut(Schema):
     archived: list[int]
     tombstoned: list[int]
     purged: list[int]
+    proposed: ProposedIdsOut | None = Field(
+        None,
+        exclude_if=_absent,
+        description="propose mode only: the entries this run proposes to archive or tombstone (it "
+        "archived and tombstoned none of them; see GET /proposals)",
+    )
+
+
+class ProposedCountsOut(Schema):
+    archive: int
+    tombstone: int
+
+
+class BreakerOut(Schema):
+    would_trip: bool = Field(
+        description="Approving every tombstone proposal at once would trip the circuit breaker "
+        "(approve then needs force)"
+    )
+    tombstones: int = Field(description="Tombstones proposed by passes 8-11")
+    live: int = Field(description="Live entries of the workspace when the run planned")
 
 
 class RunResultOut(Schema):
@@ -137,12 +190,36 @@ class RunResultOut(Schema):
     kind: str
     dry_run: bool
     status: RunStatus = Field(
-        description="succeeded; blocked (circuit breaker, nothing changed); skipped (another "
-        "run holds the workspace's lease, nothing done); failed (see the run's error)"
+        description="succeeded; proposed (propose review mode: the archives and tombstones wait for "
+        "an operator's approval, see /proposals); blocked (circuit breaker, nothing changed); skipped "
+        "(another run holds the workspace's lease, nothing done); failed (see the run's error)"
     )
     backup_file: str | None
-    counts: CountsOut
+    counts: CountsOut = Field(
+        description="What the run changed, or in propose mode would have changed (the proposing "
+        "passes' counts are proposals); scored, orphans and held_skipped are metrics, not changes"
+    )
     affected: AffectedOut
+    proposed: ProposedCountsOut | None = Field(
+        None, exclude_if=_absent, description="propose mode only: the proposals this run made, by action"
+    )
+    breaker: BreakerOut | None = Field(
+        None,
+        exclude_if=_absent,
+        description="propose mode only: the circuit breaker as an approval of everything would meet it",
+    )
+
+
+class RunQueuedOut(Schema):
+    """A run handed to the worker (django-q2): follow it at ``url``."""
+
+    run_id: int
+    kind: RunKind
+    dry_run: bool
+    status: RunStatus = Field(description="queued: recorded, waiting for a worker to start it")
+    url: str = Field(
+        description="GET /maintenance/runs/{id}: its progress while it works, its result once it ended"
+    )
 
 
 class PruneOut(Schema):
@@ -191,19 +268,68 @@ class RunOut(Schema):
     actor: str
     started_at: datetime
     finished_at: datetime | None
-    counts: dict[str, int]
+    counts: dict[str, int | dict[str, int]] = Field(
+        description="The count keys of SPEC §4.1 (held_skipped included; reclaimed_rows maps kinds of "
+        "bookkeeping rows to how many were removed); of a proposed run, what it would have changed"
+    )
     backup_file: str | None
     error: str
+    progress: dict[str, Any] = Field(
+        description="While it works, where it is: phase (plan, apply; done once it ended), pass "
+        "(the count key of the current pass), step and steps (its place among the run's passes), "
+        "rows_done (counts of the phase's finished passes, added up), elapsed_s; empty while queued"
+    )
 
     @staticmethod
     def resolve_backup_file(obj: Any) -> str | None:
         return obj.backup_file or None
 
+    @staticmethod
+    def resolve_progress(obj: Any) -> dict[str, Any]:
+        return obj.progress if isinstance(obj.progress, dict) else {}
+
 
 class RunDetailOut(RunOut):
     params: dict[str, Any] = Field(description="The effective parameters the run worked with")
-    affected: dict[str, list[int]]
-    result: dict[str, Any] = Field(description="The result object as returned when the run ended")
+    affected: dict[str, Any] = Field(
+        description="The first (up to 200) entry ids of each action: archived, tombstoned, purged; a "
+        "propose-mode run also has proposed {archive, tombstone} (ids it proposed, not changed). "
+        "All of them, paged: GET /maintenance/runs/{id}/affected"
+    )
+    affected_total: dict[str, int] = Field(
+        description="How many entries each action has: archived, tombstoned, purged, "
+        "proposed_archive, proposed_tombstone"
+    )
+
+    @staticmethod
+    def resolve_affected(obj: Any) -> dict[str, Any]:
+        from maintenance.runs import bounded_affected
+
+        return bounded_affected(obj.affected if isinstance(obj.affected, dict) else {})
+
+    @staticmethod
+    def resolve_affected_total(obj: Any) -> dict[str, int]:
+        from maintenance.selectors import affected_totals
+
+        return affected_totals(obj)
+
+    result: dict[str, Any] = Field(
+        description="The result object as returned when the run ended (RunResultOut for a full or "
+        "quality run: counts with held_skipped, and in propose mode proposed {archive, tombstone} "
+        "and breaker {would_trip, tombstones, live}); empty while it runs"
+    )
+
+
+class RunAffectedPageOut(Schema):
+    count: int = Field(description="How many entries the action has in this run")
+    limit: int
+    offset: int
+    action: AffectedAction
+    complete: bool = Field(
+        description="False for a dry run's or a proposal's list past the first 200: its record keeps "
+        "only those (a dry run changed nothing; a real run's list is always complete)"
+    )
+    items: list[int] = Field(description="Entry ids, ascending")
 
 
 class RunPageOut(Schema):
@@ -211,6 +337,27 @@ class RunPageOut(Schema):
     limit: int
     offset: int
     items: list[RunOut]
+    folded_runs: int = Field(
+        0,
+        description="Older runs matching the filters that changed nothing (or were skipped, or were "
+        "dry runs), folded into per-day counts a week after they ran: not in items; their counts "
+        "per day are at GET /maintenance/runs/folded",
+    )
+
+
+class RunDayOut(Schema):
+    day: date = Field(description="The UTC day the runs started")
+    kind: RunKind
+    status: RunStatus
+    dry_run: bool
+    runs: int = Field(description="How many such runs started that day")
+
+
+class RunDayPageOut(Schema):
+    count: int
+    limit: int
+    offset: int
+    items: list[RunDayOut]
 
 
 class RevertOut(Schema):
@@ -299,6 +446,14 @@ def _setting_out(name: str) -> Any:
     return Field(description=_range(name))
 
 
+ReviewMode = Literal["propose", "apply"]
+assert set(REVIEW_MODES) == set(ReviewMode.__args__)  # type: ignore[attr-defined]
+REVIEW_MODE_HELP = (
+    f"default {PROPOSE}; propose: archives and tombstones wait for an operator's approval (GET "
+    "/proposals); apply: automation applies them at once"
+)
+
+
 class PolicyIn(StrictIn):
     """Every policy setting (SPEC §1), each optional: omitted or null leaves it as it is.
     Out-of-range values are clamped into the setting's range."""
@@ -326,6 +481,9 @@ class PolicyIn(StrictIn):
     consolidation_min_age_days: int | None = _setting_in("consolidation_min_age_days")
     max_tombstone_fraction: float | None = _setting_in("max_tombstone_fraction")
     backups_keep: int | None = _setting_in("backups_keep")
+    operator_hold_days: int | None = _setting_in("operator_hold_days")
+    audit_retention_days: int | None = _setting_in("audit_retention_days")
+    review_mode: ReviewMode | None = Field(None, description=REVIEW_MODE_HELP)
     exclude_tags: list[TagName] | None = Field(
         None, max_length=EXCLUDE_TAGS_MAX, description="Tags no pass may touch"
     )
@@ -363,6 +521,9 @@ class PolicyOut(Schema):
     consolidation_min_age_days: int = _setting_out("consolidation_min_age_days")
     max_tombstone_fraction: float = _setting_out("max_tombstone_fraction")
     backups_keep: int = _setting_out("backups_keep")
+    operator_hold_days: int = _setting_out("operator_hold_days")
+    audit_retention_days: int = _setting_out("audit_retention_days")
+    review_mode: ReviewMode = Field(description=REVIEW_MODE_HELP)
     exclude_tags: list[str]
     residue_patterns: list[str] = Field(description="Stored hygiene residue patterns; [] = the built-in ones")
     updated_at: datetime | None
@@ -526,3 +687,88 @@ class ResolveIn(StrictIn):
 class ResolveOut(Schema):
     dispute: DisputeOut
     archived: list[int] = Field(description="Entries the resolution archived")
+
+
+# --- proposals (SPEC §3.1) ---------------------------------------------------------------------
+
+ProposalReason = Literal[
+    "staged_expired",
+    "archived",
+    "low_quality_archived",
+    "consolidated",
+    "pruned",
+    "evicted",
+    "expired",
+    "reclaimed",
+]
+assert set(ProposalReason.__args__) == set(ACTIONS)  # type: ignore[attr-defined]
+REASON_HELP = "The count key of the pass that proposed it: " + ", ".join(ACTIONS)
+
+
+class ProposalListIn(PageIn):
+    reason: ProposalReason | None = Field(None, description=REASON_HELP)
+    action: ProposalAction | None = None
+
+
+class ProposalOut(Schema):
+    entry_id: int
+    action: ProposalAction
+    reason: str = Field(description=REASON_HELP)
+    reason_label: str
+    values: dict[str, Any] = Field(description="The values that decided it (e.g. retention, cold_threshold)")
+    why: str = Field(description="The deciding values in words")
+    run_id: int = Field(description="The run that proposed it (the latest that still proposes it)")
+    created_at: datetime
+    title: str
+    content_excerpt: str
+    entry_status: str | None = Field(description="The entry's status now; null once purged")
+
+
+class ProposalPageOut(Schema):
+    count: int
+    limit: int
+    offset: int
+    items: list[ProposalOut]
+
+
+class ProposalDecisionIn(StrictIn):
+    """``{"ids": [entry ids]}``, or ``{"all": true}`` with an optional ``reason``."""
+
+    ids: list[Annotated[int, Field(ge=1, le=DB_ID_MAX)]] | None = Field(
+        None, min_length=1, max_length=IDS_MAX, description="Entry ids whose open proposals to decide"
+    )
+    all: StrictBool = Field(False, description="Every open proposal (of ``reason``, if given)")
+    reason: ProposalReason | None = Field(None, description="With all: only this reason's proposals")
+
+    @model_validator(mode="after")
+    def _one_selection(self) -> ProposalDecisionIn:
+        if self.all == (self.ids is not None):
+            raise ValueError('give either "ids" or "all": true')
+        if self.reason is not None and not self.all:
+            raise ValueError('"reason" selects with "all": true; with "ids" name the entries only')
+        return self
+
+
+class ProposalApproveIn(ProposalDecisionIn):
+    force: StrictBool = Field(
+        False, description="Approve even when the tombstones would trip the circuit breaker"
+    )
+
+
+class SkippedOut(Schema):
+    id: int = Field(description="The entry id")
+    why: str
+
+
+class ProposalApproveOut(Schema):
+    applied: list[int] = Field(description="Entries archived or tombstoned now (revertible)")
+    skipped: list[SkippedOut] = Field(
+        description="Named entries left alone: no open proposal, or it no longer holds (accessed, "
+        "pinned, held, changed since)"
+    )
+    backup_file: str | None = Field(description="The pre-prune backup written before the first tombstone")
+
+
+class ProposalRejectOut(Schema):
+    rejected: list[int] = Field(description="Entries whose proposals were closed; each is now held")
+    skipped: list[SkippedOut]

@@ -7,7 +7,9 @@ sweep refreshes stored scores with one UPDATE per batch instead of one query per
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
@@ -197,6 +199,85 @@ def retention_expr(now_epoch: float, params: DecayParams) -> Any:
     )
 
 
+PLAN_TABLE = "maintenance_planscore"  # maintenance.models.PlanScore, a temporary table
+# While a plan runs: {"table": True} once its score pass has filled the temporary table.
+_planning: ContextVar[dict[str, bool] | None] = ContextVar("planning_scores", default=None)
+
+
+@contextmanager
+def planning() -> Iterator[None]:
+    """While a run's plan executes: every refresh of stored scores also forgets the plan's
+    scores of the entries it refreshed, so the plan reads the stored value for them, exactly
+    as the apply reads the value that refresh wrote over its own score pass's."""
+    token = _planning.set({})
+    try:
+        yield
+    finally:
+        _planning.reset(token)
+
+
+def _temp_name() -> str:
+    schema = "pg_temp" if connection.vendor == "postgresql" else "temp"
+    return f"{schema}.{PLAN_TABLE}"
+
+
+def plan_scores(
+    workspace: Workspace, *, now: datetime, params: DecayParams, live_since: datetime | None = None
+) -> int:
+    """The plan's score pass: importance and retention of every latest entry of the workspace,
+    computed by the same expressions as ``refresh_scores``, written by one statement into the
+    temporary narrow table ``maintenance_planscore`` — the stored columns are not touched (the
+    plan's writes are rolled back anyway; rewriting every wide row only to undo it was most of
+    a plan's cost). Returns how many entries were scored (what ``refresh_scores`` would)."""
+    now_epoch = now.timestamp()
+    qs = (
+        Entry.objects.filter(workspace=workspace, is_latest=True)
+        .annotate(
+            plan_importance=importance_expr(now_epoch, live_since),
+            plan_retention=retention_expr(now_epoch, params),
+        )
+        .order_by()
+        .values_list("pk", "plan_importance", "plan_retention")
+    )
+    sql, sql_params = qs.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {_temp_name()}")
+        cursor.execute(
+            f"CREATE TEMP TABLE {PLAN_TABLE} (entry_id bigint PRIMARY KEY, "
+            "importance double precision NOT NULL, retention double precision NOT NULL)"
+        )
+        cursor.execute(f"INSERT INTO {PLAN_TABLE} (entry_id, importance, retention) {sql}", sql_params)
+        scored = cursor.rowcount
+    state = _planning.get()
+    if state is not None:
+        state["table"] = True
+    return scored
+
+
+def drop_plan_scores() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {_temp_name()}")
+    state = _planning.get()
+    if state is not None:
+        state.pop("table", None)
+
+
+def _forget_planned(ids: Iterable[int] | None) -> None:
+    """During a plan: the entries among ``ids`` (all if None) were just rescored in place."""
+    state = _planning.get()
+    if not state or not state.get("table"):
+        return
+    with connection.cursor() as cursor:
+        if ids is None:
+            cursor.execute(f"DELETE FROM {_temp_name()}")
+            return
+        id_list = list(ids)
+        for start in range(0, len(id_list), BATCH_SIZE):
+            chunk = id_list[start : start + BATCH_SIZE]
+            marks = ", ".join(["%s"] * len(chunk))
+            cursor.execute(f"DELETE FROM {_temp_name()} WHERE entry_id IN ({marks})", chunk)
+
+
 def refresh_scores(
     workspace: Workspace | int,
     *,
@@ -234,6 +315,7 @@ def refresh_scores(
                 retention=retention_expr(now_epoch, params),
                 scored_at=now,
             )
+            _forget_planned(batch)
         if on_batch is not None:
             on_batch()
     return scored
@@ -267,7 +349,9 @@ def rescore(workspace: Workspace, ids: Iterable[int], *, now: datetime, params: 
     # Inside a caller's transaction (every write's) no savepoint: two round trips less, and
     # an error rolls the caller back anyway.
     with transaction.atomic(savepoint=False):
-        return _rescore_in_python(workspace, id_list, now=now, params=params)
+        n = _rescore_in_python(workspace, id_list, now=now, params=params)
+        _forget_planned(id_list)
+        return n
 
 
 _RESCORE_INPUTS = (

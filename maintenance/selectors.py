@@ -3,10 +3,11 @@ it is given: another workspace's id is simply not found."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, overload
 
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 
 from maintenance.models import (
     Backup,
@@ -14,10 +15,20 @@ from maintenance.models import (
     DisputeStatus,
     MaintenancePolicy,
     MaintenanceRun,
+    RunDaySummary,
     RunKind,
 )
 from memory.errors import NotFound
-from memory.models import AnchorStatus, CodeAnchor, Relationship, Status, Tag, Tombstone, Workspace
+from memory.models import (
+    AnchorStatus,
+    CodeAnchor,
+    LifecycleEvent,
+    Relationship,
+    Status,
+    Tag,
+    Tombstone,
+    Workspace,
+)
 from memory.selectors import status_counts
 
 
@@ -34,11 +45,125 @@ def run_list(
     return runs.order_by("-started_at", "-pk")
 
 
+def run_days(
+    workspace: Workspace, *, kind: str | None = None, status: str | None = None
+) -> QuerySet[RunDaySummary]:
+    """The per-day counts of runs folded by the reclaim pass (runs that changed nothing, a week
+    old), newest day first."""
+    days = RunDaySummary.objects.filter(workspace=workspace)
+    if kind:
+        days = days.filter(kind=kind)
+    if status:
+        days = days.filter(status=status)
+    return days.order_by("-day", "kind", "status", "dry_run", "pk")
+
+
+def folded_runs(workspace: Workspace, *, kind: str | None = None, status: str | None = None) -> int:
+    """How many runs (matching the filters) the per-day counts hold, in one query."""
+    return folded_summary(workspace, kind=kind, status=status)[0]
+
+
+def folded_summary(
+    workspace: Workspace, *, kind: str | None = None, status: str | None = None
+) -> tuple[int, int]:
+    """(runs, day rows) of the per-day counts matching the filters, in one query."""
+    found = run_days(workspace, kind=kind, status=status).aggregate(n=Sum("runs"), rows=Count("pk"))
+    return found["n"] or 0, found["rows"]
+
+
 def run_get(workspace: Workspace, run_id: int) -> MaintenanceRun:
     run = MaintenanceRun.objects.filter(workspace=workspace, pk=run_id).first()
     if run is None:
         raise NotFound(f"run {run_id} not found")
     return run
+
+
+# The status a run's LifecycleEvent moves an entry to, for each action a run changes.
+EVENT_STATUS_OF = {"archived": Status.ARCHIVED, "tombstoned": Status.TOMBSTONED, "purged": "purged"}
+
+
+def affected_totals(run: MaintenanceRun) -> dict[str, int]:
+    """How many entries each action of the run has (the run's ``affected_total``, or, on a row
+    recorded before runs kept it, the length of its lists)."""
+    from maintenance.runs import AFFECTED_LISTS, affected_lists
+
+    totals = run.affected_total
+    if isinstance(totals, dict) and totals:
+        return {k: int(totals.get(k) or 0) for k in AFFECTED_LISTS}
+    affected = run.affected if isinstance(run.affected, dict) else {}
+    return {k: len(v) for k, v in affected_lists(affected).items()}
+
+
+def changed_entries(run: MaintenanceRun) -> bool:
+    """Whether the run may have changed entries: not a dry run and not blocked by the circuit
+    breaker (those name what they would have changed, on their record)."""
+    from maintenance.models import RunStatus
+
+    return not run.dry_run and run.status != RunStatus.BLOCKED
+
+
+class AffectedIds(Sequence[int]):
+    """The entry ids of one action of one run, in id order, as a sequence a Paginator can page
+    (its length known, each slice one query). A real run's archived, tombstoned and purged
+    entries are read from its LifecycleEvents, so the list is complete however long it is (and
+    for runs recorded before runs kept only a sample too); a dry run or a blocked one changed
+    nothing, and its lists, like every run's proposals, come from the run's record, which keeps
+    the first ``AFFECTED_KEPT`` of each (``complete`` False when there were more)."""
+
+    def __init__(self, run: MaintenanceRun, action: str, total: int | None = None) -> None:
+        from maintenance.runs import affected_lists
+
+        self.run = run
+        self.action = action
+        self.from_events = changed_entries(run) and action in EVENT_STATUS_OF
+        recorded = affected_lists(run.affected if isinstance(run.affected, dict) else {})[action]
+        self.recorded: list[int] = recorded
+        if total is None:
+            total = self._count() if self.from_events else affected_totals(run)[action]
+        self.total = max(total, 0 if self.from_events else len(recorded))
+        self.complete = self.from_events or len(recorded) >= self.total
+
+    def events(self) -> QuerySet[LifecycleEvent]:
+        return LifecycleEvent.objects.filter(
+            run=self.run, automatic=True, to_status=EVENT_STATUS_OF[self.action]
+        ).order_by("entry_ref")
+
+    def _count(self) -> int:
+        return self.events().count()
+
+    def __len__(self) -> int:
+        """The ids there are to page: all of a real run's, the recorded ones of a dry run
+        (``total`` is the true count either way)."""
+        return self.total if self.from_events else len(self.recorded)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, int):
+            found = self[index : index + 1]
+            if not found:
+                raise IndexError(index)
+            return found[0]
+        if not self.from_events:
+            return self.recorded[index]
+        if self.total == 0:
+            return []
+        return list(self.events().values_list("entry_ref", flat=True)[index])
+
+
+def run_affected(run: MaintenanceRun, action: str, *, limit: int, offset: int) -> dict[str, Any]:
+    """One page of the entries of one action of a run (the API's /maintenance/runs/{id}/affected)."""
+    ids = AffectedIds(run, action)
+    return {
+        "count": ids.total,
+        "limit": limit,
+        "offset": offset,
+        "action": action,
+        "complete": ids.complete,
+        "items": ids[offset : offset + limit] if offset < len(ids) else [],
+    }
 
 
 def tombstone_list(

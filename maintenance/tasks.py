@@ -1,4 +1,5 @@
-"""django-q2 tasks (thin): the maintenance dispatcher and the run it enqueues (SPEC §4.7).
+"""django-q2 tasks (thin): the maintenance dispatcher and the run it enqueues (SPEC §4.7), and
+the runs the API and the console queue (``submit_run`` → ``run_queued``, at the end).
 
 ``dispatch_due_maintenance`` runs every two minutes (``maintenance.schedules``). For each
 workspace it reads the run history in the database and the policy fresh, and enqueues
@@ -30,9 +31,21 @@ hosted) every task waiting or in progress is an ``OrmQ`` row until it is acknowl
 query plus decoding the signed payloads tells which (workspace, kind) pairs are already queued
 (a row older than two hours, e.g. left locked by a killed worker, no longer counts).
 We rely on neither a cache (the default LocMem cache is per process, and q2 workers are
-processes) nor new models. With another broker the queue check is skipped and the lease is the
-only guard. Two dispatchers racing at the very same instant can still both enqueue; the lease
-turns the second run into a ``skipped`` row.
+processes) nor new models. Dispatchers take turns: each reads and enqueues in one transaction
+holding a lock (a PostgreSQL advisory lock; SQLite's single writer), so two of them running at
+once — the schedule of two clusters, a redelivered dispatch — cannot both see a run as not yet
+queued and both enqueue it (the queued task is an ``OrmQ`` row of the same transaction). With
+another broker the queue check is skipped and the lease is the only guard: two dispatchers
+at the same instant may then both enqueue, and the lease turns the second run into a
+``skipped`` row.
+
+Failures. Whatever makes a scheduled run fail, its MaintenanceRun row says so, so the console
+shows every failure: ``run_maintenance`` finishes its own row as ``failed``; should the
+failure hit before that row exists (the database refused the insert) or while it was being
+finished, ``run_scheduled`` writes or finishes it. A worker told to stop (SIGTERM from the
+cluster's stop, or django-q2's for a task past its timeout) abandons the run in hand: its
+transaction rolls back, the lease is released, the row ends ``failed`` ("interrupted: the
+worker was stopped"), and the worker process exits.
 
 The work per dispatch is a constant number of queries whatever the number of workspaces: one
 reading all workspaces with their policy rows and four correlated subqueries over the run
@@ -42,23 +55,51 @@ enqueued task.
 
 from __future__ import annotations
 
+import logging
+import signal
+import threading
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Subquery
+from django.db import connection, transaction
+from django.db.models import Exists, OuterRef, Q, Subquery
+from django.db.models.signals import post_save
 from django.utils import timezone
 from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 
-from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus, RunTrigger
+from maintenance import lease
+from maintenance.models import (
+    MaintenanceLease,
+    MaintenancePolicy,
+    MaintenanceRun,
+    RunKind,
+    RunStatus,
+    RunTrigger,
+)
 from maintenance.policy import PolicyValues
-from maintenance.runs import run_maintenance
+from maintenance.runs import (
+    LEASE_HELD,
+    QUEUED_GIVEN_UP_AFTER,
+    QUEUED_GIVEN_UP_ERROR,
+    fail_lost_queued,
+    queue_run,
+    record_refused,
+    run_maintenance,
+    start_queued,
+)
 from memory.models import Workspace
 
+log = logging.getLogger(__name__)
+
 RUN_TASK = "maintenance.tasks.run_scheduled"
+QUEUED_TASK = "maintenance.tasks.run_queued"
 TASK_GROUP = "maintenance"
 # A full run that started this recently and is still "running" is in progress; one that failed
 # this recently is not retried yet.
@@ -66,7 +107,7 @@ FULL_HOLD_OFF = timedelta(minutes=60)
 # A queued task older than this (by the wall clock) is assumed lost, e.g. left locked by a
 # killed worker, and no longer stops a new enqueue.
 QUEUED_FORGOTTEN_AFTER = timedelta(hours=2)
-COMPLETED_STATUSES = (RunStatus.SUCCEEDED, RunStatus.BLOCKED)
+COMPLETED_STATUSES = (RunStatus.SUCCEEDED, RunStatus.PROPOSED, RunStatus.BLOCKED)
 
 
 @dataclass(frozen=True)
@@ -111,7 +152,8 @@ def _workspaces_with_history(now: datetime) -> list[Workspace]:
                 .order_by("-finished_at")
                 .values("finished_at")[:1]
             ),
-            full_running=Exists(recent_full.filter(status=RunStatus.RUNNING)),
+            # A full run queued by the API or the console counts as in progress too.
+            full_running=Exists(recent_full.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])),
             full_failed_recently=Exists(recent_full.filter(status=RunStatus.FAILED)),
         )
         .order_by("pk")
@@ -149,10 +191,70 @@ def queued_runs() -> set[tuple[int, str]]:
     return found
 
 
+# The key of the PostgreSQL advisory lock that makes dispatchers take turns (any constant
+# number the application uses for nothing else).
+DISPATCH_LOCK = 7_340_221_015
+
+
+def _take_turns() -> None:
+    """Wait until no other dispatcher is between its reads and its enqueues, for the rest of
+    the transaction. PostgreSQL: a transaction-scoped advisory lock. SQLite needs none: its
+    transactions start IMMEDIATE (config/settings.py), one writer at a time."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [DISPATCH_LOCK])
+
+
 def dispatch_due_maintenance(now: datetime | None = None) -> dict[str, Any]:
     """Enqueue every maintenance run that is due; return what was enqueued and how many
-    workspaces were checked."""
+    workspaces were checked. One dispatcher at a time (``_take_turns``): the next one reads
+    the history and the queue once this one's tasks are in it."""
+    with transaction.atomic():
+        _take_turns()
+        return _dispatch(now or timezone.now())
+
+
+# Task results. django-q2 keeps the newest Q_CLUSTER["save_limit"] successful ones by itself but
+# every failure for ever; after each scheduled full run the worker trims failures to the newest
+# Q_FAILURES_KEEP and drops those older than Q_FAILURES_KEEP_DAYS (config/settings.py), in
+# bounded batches.
+RECLAIM_BATCH = 1000
+RECLAIM_BATCHES = 10
+
+
+def reclaim_worker_rows(
+    now: datetime | None = None, *, batch: int = RECLAIM_BATCH, batches: int = RECLAIM_BATCHES
+) -> dict[str, int]:
+    """Delete old failed task results and outbox rows past their retention; the rows removed
+    per kind (kinds with none left out)."""
+    from django.conf import settings
+    from django_q.models import Failure
+
+    from memory.events import clean_outbox
+
     now = now or timezone.now()
+    keep = max(int(getattr(settings, "Q_FAILURES_KEEP", 500)), 0)
+    days = max(int(getattr(settings, "Q_FAILURES_KEEP_DAYS", 30)), 0)
+    doomed = Q(stopped__lt=now - timedelta(days=days))
+    boundary = list(Failure.objects.order_by("-stopped", "-pk").values_list("stopped", "pk")[keep : keep + 1])
+    if boundary:  # more than ``keep`` failures: the older ones go too
+        stopped, pk = boundary[0]
+        doomed |= Q(stopped__lt=stopped) | Q(stopped=stopped, pk__lte=pk)
+    removed = {"task_failures": 0, "live_messages": clean_outbox(now)}
+    for _ in range(batches):
+        ids = list(
+            Failure.objects.filter(doomed).order_by("stopped", "pk").values_list("pk", flat=True)[:batch]
+        )
+        if not ids:
+            break
+        removed["task_failures"] += Failure.objects.filter(pk__in=ids).delete()[0]
+    if any(removed.values()):
+        log.info("trimmed the worker's bookkeeping: %s", removed)
+    return {kind: n for kind, n in removed.items() if n}
+
+
+def _dispatch(now: datetime) -> dict[str, Any]:
+    fail_lost_queued(now=now)  # queued runs no worker started for hours are given up, visibly
     workspaces = _workspaces_with_history(now)
     queued = queued_runs()
     enqueued: list[dict[str, str]] = []
@@ -178,9 +280,222 @@ def dispatch_due_maintenance(now: datetime | None = None) -> dict[str, Any]:
     return {"enqueued": enqueued, "checked": len(workspaces)}
 
 
+class WorkerStopping(BaseException):
+    """Raised in a run when its worker is told to stop (SIGTERM). A BaseException, as
+    KeyboardInterrupt is: the run's transaction rolls back and its lease is released on the
+    way out, but it is no error of the run and logs no traceback."""
+
+
+@contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    """While a run is in hand, SIGTERM abandons it (the cluster's stop, ``maintenance``'s
+    qcluster, sends it when the run would not finish in time); otherwise the worker ignores
+    SIGTERM and stops at its next task. Only the main thread can take signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def abandon(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the way out must not be cut short
+        raise WorkerStopping(f"interrupted: the worker was stopped ({signal.Signals(signum).name})")
+
+    previous = signal.signal(signal.SIGTERM, abandon)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _runs_created_here() -> Iterator[list[int]]:
+    """The ids of the MaintenanceRun rows this thread creates meanwhile."""
+    ids: list[int] = []
+    me = threading.get_ident()
+
+    def remember(sender: Any, instance: MaintenanceRun, created: bool = False, **kwargs: Any) -> None:
+        if created and threading.get_ident() == me:
+            ids.append(instance.pk)
+
+    post_save.connect(remember, sender=MaintenanceRun, weak=False)
+    try:
+        yield ids
+    finally:
+        post_save.disconnect(remember, sender=MaintenanceRun)
+
+
+def _record_failure(workspace: Workspace, kind: str, created: list[int], error: str) -> None:
+    """Make sure the console shows the failure: the run's own row marked failed if it is still
+    running (the failure hit while it was being finished), or a failed row of its own if the
+    run failed before it could write one (the database refused the insert). A lease still held
+    by the run is released: the failure may have hit between taking it and the ``try`` whose
+    ``finally`` gives it back."""
+    try:
+        connection.close_if_unusable_or_obsolete()  # the error may have broken the connection
+        now = timezone.now()
+        if created:
+            MaintenanceRun.objects.filter(pk__in=created, status=RunStatus.RUNNING).update(
+                status=RunStatus.FAILED, finished_at=now, error=error
+            )
+            held = MaintenanceLease.objects.filter(workspace=workspace, run_id__in=created)
+            held.update(holder="", run=None)
+        else:
+            MaintenanceRun.objects.create(
+                workspace=workspace,
+                kind=kind if kind in RunKind.values else RunKind.FULL,
+                trigger=RunTrigger.SCHEDULE,
+                status=RunStatus.FAILED,
+                started_at=now,
+                finished_at=now,
+                error=error,
+            )
+    except Exception:
+        log.exception("could not record the failure of a %s run of workspace %s", kind, workspace.pk)
+
+
+def _trim_worker_rows() -> None:
+    try:
+        reclaim_worker_rows()
+    except Exception:  # never a reason for the run's task to fail: the next full run tries again
+        log.warning("could not trim the worker's task results", exc_info=True)
+
+
 def run_scheduled(workspace_id: int, kind: str) -> dict[str, Any] | None:
-    """One scheduled run. A workspace deleted since the dispatch has nothing left to maintain."""
+    """One scheduled run. A workspace deleted since the dispatch has nothing left to maintain.
+    Whatever goes wrong, the run's row says so (``_record_failure``); a run abandoned because
+    the worker is stopping ends ``failed`` with its lease released, and the worker exits."""
     workspace = Workspace.objects.filter(pk=workspace_id).first()
     if workspace is None:
         return None
-    return run_maintenance(workspace=workspace, kind=kind, trigger=RunTrigger.SCHEDULE)
+    with _runs_created_here() as created, _stop_on_sigterm():
+        try:
+            result = run_maintenance(workspace=workspace, kind=kind, trigger=RunTrigger.SCHEDULE)
+            if kind == RunKind.FULL:
+                _trim_worker_rows()
+            return result
+        except WorkerStopping as stop:
+            log.info("%s run of workspace %s abandoned: %s", kind, workspace.slug, stop)
+            _record_failure(workspace, kind, created, str(stop))
+            # Then the worker goes: django-q2 also sends SIGTERM to a worker whose task ran
+            # past Q_TIMEOUT, and has replaced it already; one that went on would take tasks
+            # beside its replacement. The task, unacknowledged, is delivered again after
+            # Q_CLUSTER["retry"]: one more run of the workspace, harmless (the lease keeps it
+            # from overlapping another; a run only applies the policy, as the next one would).
+            raise SystemExit(0) from None
+        except Exception as exc:
+            _record_failure(workspace, kind, created, "".join(traceback.format_exception_only(exc)).strip())
+            raise
+
+
+def enqueue_run(run: MaintenanceRun) -> None:
+    """Hand a ``queued`` run (``maintenance.runs.queue_run``) to the worker. With the ORM broker
+    (the default) the task is a row written in the caller's transaction, so the run and its
+    task are committed together or not at all; with another broker it is sent once the run's
+    row is committed, so the worker always finds it."""
+
+    def send() -> None:
+        async_task(
+            QUEUED_TASK,
+            run.pk,
+            group=TASK_GROUP,
+            task_name=f"maintenance {run.kind} run {run.pk}"[:100],
+        )
+
+    if Conf.ORM and not Conf.BROKER_CLASS:
+        send()
+    else:
+        transaction.on_commit(send)
+
+
+def run_queued(run_id: int) -> dict[str, Any] | None:
+    """Start a run that the API or the console queued (``enqueue_run``). The run is claimed
+    with a conditional UPDATE (queued → running): a task delivered twice, or one that comes
+    after the run was given up (``maintenance.runs.fail_lost_queued``), finds it no longer
+    queued and does nothing. Then it works as any run (the lease may still turn it into
+    ``skipped``), and a failure or a stopping worker ends it ``failed`` as for scheduled runs;
+    the redelivered task of a run abandoned that way does nothing."""
+    # A run queued longer than QUEUED_GIVEN_UP_AFTER is given up here too: when the worker comes
+    # back after an outage, its waiting tasks are delivered before the dispatcher's first pass,
+    # and an operator's hours-old request must not apply to today's data.
+    now = timezone.now()
+    MaintenanceRun.objects.filter(
+        pk=run_id, status=RunStatus.QUEUED, started_at__lte=now - QUEUED_GIVEN_UP_AFTER
+    ).update(status=RunStatus.FAILED, finished_at=now, error=QUEUED_GIVEN_UP_ERROR)
+    claimed = MaintenanceRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+        status=RunStatus.RUNNING, started_at=now
+    )
+    if not claimed:
+        log.info("queued run %s is not queued any more (already started, or given up)", run_id)
+        return None
+    run = MaintenanceRun.objects.select_related("workspace").get(pk=run_id)
+    with _stop_on_sigterm():
+        try:
+            return start_queued(run)
+        except WorkerStopping as stop:
+            log.info("queued run %s abandoned: %s", run_id, stop)
+            _record_failure(run.workspace, run.kind, [run.pk], str(stop))
+            raise SystemExit(0) from None
+        except Exception as exc:
+            _record_failure(
+                run.workspace, run.kind, [run.pk], "".join(traceback.format_exception_only(exc)).strip()
+            )
+            raise
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What became of a run asked for: ``run`` is queued, or ``skipped`` because the run
+    ``blocking_run_id`` holds the workspace's lease or waits in its queue (None when the
+    lease's holder is no run: an approval); ``refusal`` then says which."""
+
+    run: MaintenanceRun
+    blocking_run_id: int | None = None
+    refusal: str = ""
+
+
+def submit_run(
+    *,
+    workspace: Workspace,
+    kind: str,
+    trigger: str,
+    dry_run: bool = False,
+    force: bool = False,
+    actor: str = "system",
+    params: dict[str, Any] | None = None,
+) -> Submitted:
+    """Queue a run for the worker (the API's and the console's long runs): one at a time per
+    workspace. If another run holds the workspace's lease right now, or another one waits in
+    the queue (queued less than ``QUEUED_GIVEN_UP_AFTER`` ago), the run is recorded
+    ``skipped`` at once instead: a second "run now" while one is pending would only meet the
+    lease later. Submitters of one workspace take turns on its lease row (SELECT … FOR UPDATE;
+    SQLite's single writer), so of two at once exactly one is queued."""
+    args: dict[str, Any] = {
+        "workspace": workspace,
+        "kind": kind,
+        "trigger": trigger,
+        "dry_run": dry_run,
+        "force": force,
+        "actor": actor,
+    }
+    MaintenanceLease.objects.get_or_create(workspace=workspace)
+    with transaction.atomic():  # the run and its task, together or not at all
+        MaintenanceLease.objects.select_for_update().filter(workspace=workspace).first()
+        now = timezone.now()
+        is_held, holding = lease.held(workspace, now=now)
+        if is_held:
+            return Submitted(record_refused(**args), holding, f"{LEASE_HELD} (run {holding})")
+        waiting = (
+            MaintenanceRun.objects.filter(
+                workspace=workspace,
+                status=RunStatus.QUEUED,
+                started_at__gt=now - QUEUED_GIVEN_UP_AFTER,
+            )
+            .order_by("pk")
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if waiting is not None:
+            error = f"another run of this workspace waits in the queue (run {waiting})"
+            return Submitted(record_refused(**args, error=error), waiting, error)
+        run = queue_run(**args, params=params)
+        enqueue_run(run)
+    return Submitted(run)

@@ -7,6 +7,9 @@ from maintenance import views, views_settings
 
 urlpatterns = [
     path("review/", views.review, name="review"),
+    path("review/approve/", views.approve_proposals, name="approve_proposals"),
+    path("review/reject/", views.reject_proposals, name="reject_proposals"),
+    path("review/release/", views.release_holds, name="release_holds"),
     path("review/hygiene/", views.hygiene_action, name="hygiene_action"),
     path("review/revert/", views.revert_entries, name="revert_entries"),
     path("review/restore/", views.restore_tombstones, name="restore_tombstones"),

@@ -26,7 +26,7 @@ from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from maintenance import contradictions, hygiene, revert
+from maintenance import contradictions, hygiene, proposals, revert
 from maintenance.console_selectors import (
     AFFECTED_ACTIONS,
     AUTOMATIC_TO,
@@ -34,11 +34,17 @@ from maintenance.console_selectors import (
     automatic_changes,
     automatic_rows,
     clean_ids,
+    default_tab,
     dispute_queue,
+    hold_days,
     hygiene_queue,
     hygiene_reason_codes,
     hygiene_rows,
     open_tombstones,
+    pending_groups,
+    pending_proposals,
+    pending_sections,
+    pending_totals,
     review_counts,
     run_detail,
     run_rows,
@@ -47,10 +53,10 @@ from maintenance.console_selectors import (
     tombstoned_entry_ids,
 )
 from maintenance.models import DisputeStatus, Resolution, RunKind, RunStatus
-from maintenance.selectors import run_list
+from maintenance.selectors import folded_summary, run_days, run_list
 from memory import services
 from memory.console import Console, operator_action, workspace_page
-from memory.errors import InvalidInput, NotFound, ServiceError
+from memory.errors import Conflict, InvalidInput, NotFound, ServiceError
 from memory.models import TombstoneReason
 
 PER_PAGE = 25
@@ -136,7 +142,10 @@ def _acted(
             "notice_level": messages.DEFAULT_TAGS[level],
             "oob": True,
         }
-        return render(request, "console/review.html#action_result", context)
+        response = render(request, "console/review.html#action_result", context)
+        if tab != "pending":
+            response["HX-Trigger"] = "review-changed"  # the panel reloads its summary and rows
+        return response
     messages.add_message(request, level, text)
     return _see_other(back)
 
@@ -164,6 +173,23 @@ def _selected(request: HttpRequest) -> tuple[list[int], list[str]]:
 # --- the review queue ---------------------------------------------------------------------
 
 
+def _pending_tab(request: HttpRequest, console: Console) -> dict[str, Any]:
+    reason = _choice(request, "reason", proposals.ACTIONS)
+    groups = pending_groups(console.workspace)
+    page = Paginator(pending_proposals(console.workspace, reason=reason), PER_PAGE).get_page(
+        request.GET.get("page")
+    )
+    totals = pending_totals(groups)
+    return {
+        "known": {"pending": totals["all"]},
+        "page": page,
+        "sections": pending_sections(page.object_list, groups),
+        "groups": groups,
+        "totals": totals,
+        "filters": {"reason": reason},
+    }
+
+
 def _hygiene_tab(request: HttpRequest, console: Console) -> dict[str, Any]:
     recommendation = _choice(request, "recommendation", ("archive", "review"))
     reason = _choice(request, "reason", hygiene_reason_codes())
@@ -183,7 +209,8 @@ def _automatic_tab(request: HttpRequest, console: Console) -> dict[str, Any]:
     run_id = int(run) if run.isdigit() and int(run) < 2**63 else None
     to_status = _choice(request, "to_status", AUTOMATIC_TO)
     events = automatic_changes(console.workspace, run_id=run_id, to_status=to_status or None)
-    page = Paginator(automatic_rows(events), PER_PAGE).get_page(request.GET.get("page"))
+    rows = automatic_rows(events, hold_days=hold_days(console.workspace))
+    page = Paginator(rows, PER_PAGE).get_page(request.GET.get("page"))
     filtered = run_id is not None or bool(to_status)
     return {
         "known": {} if filtered else {"automatic": page.paginator.count},
@@ -194,7 +221,9 @@ def _automatic_tab(request: HttpRequest, console: Console) -> dict[str, Any]:
 
 def _tombstones_tab(request: HttpRequest, console: Console) -> dict[str, Any]:
     reason = _choice(request, "reason", TombstoneReason.values)
-    tombstones = tombstone_rows(open_tombstones(console.workspace, reason=reason or None))
+    tombstones = tombstone_rows(
+        open_tombstones(console.workspace, reason=reason or None), hold_days=hold_days(console.workspace)
+    )
     page = Paginator(tombstones, PER_PAGE).get_page(request.GET.get("page"))
     return {
         "known": {} if reason else {"tombstones": page.paginator.count},
@@ -219,6 +248,7 @@ def _disputes_tab(request: HttpRequest, console: Console) -> dict[str, Any]:
 
 
 TABS = {
+    "pending": _pending_tab,
     "hygiene": _hygiene_tab,
     "automatic": _automatic_tab,
     "tombstones": _tombstones_tab,
@@ -226,19 +256,179 @@ TABS = {
 }
 
 
-@workspace_page()
-def review(request: HttpRequest, console: Console) -> HttpResponse:
-    """The review queue: one tab at a time, every tab's count in the tab bar."""
-    tab = request.GET.get("tab", "")
-    tab = tab if tab in REVIEW_TABS else "hygiene"
+def _review_context(request: HttpRequest, console: Console, tab: str) -> dict[str, Any]:
     context: dict[str, Any] = {
         "console": console,
         "tab": tab,
-        "here": request.get_full_path(),
+        "here": request.get_full_path() if request.method == "GET" else _review_url(console, tab),
     }
     context.update(TABS[tab](request, console))
     context["counts"] = review_counts(console.workspace, known=context.pop("known"))
+    return context
+
+
+@workspace_page()
+def review(request: HttpRequest, console: Console) -> HttpResponse:
+    """The review queue: one tab at a time, every tab's count in the tab bar. Pending approval
+    is the default while it has rows. An htmx request aimed at ``#pending-panel`` (the live
+    refresh after another door changed the proposal set) gets only that panel."""
+    tab = request.GET.get("tab", "")
+    tab = tab if tab in REVIEW_TABS else default_tab(console.workspace)
+    context = _review_context(request, console, tab)
+    htmx: Any = getattr(request, "htmx", None)
+    if tab == "pending" and _is_htmx(request) and htmx.target == "pending-panel":
+        return _page(request, "console/review.html", "pending", context)
     return _page(request, "console/review.html", "review", context)
+
+
+# --- pending approval: approve, reject -------------------------------------------------------
+
+
+def _proposal_scope(request: HttpRequest) -> tuple[dict[str, Any], list[str]]:
+    """What an approve/reject names: ``scope=all`` (with an optional ``reason``: a whole reason
+    group) or the selected ``ids``; and the values that were no ids."""
+    if request.POST.get("scope") == "all":
+        reason = request.POST.get("reason", "")
+        return {"all": True, "reason": reason or None}, []
+    ids, bad = _selected(request)
+    return {"ids": ids}, bad
+
+
+def _skipped_text(skipped: list[dict[str, Any]], bad: list[str]) -> str:
+    if not skipped and not bad:
+        return ""
+    shown = "; ".join(f"#{s['id']} {s['why']}" for s in skipped[:5])
+    more = len(skipped) - 5
+    text = f" Skipped {len(skipped) + len(bad)}: {shown}" if skipped else f" Skipped {len(bad)}"
+    if more > 0:
+        text += f"; and {more} more"
+    if bad:
+        text += f" ({len(bad)} not entry ids)"
+    return text + "."
+
+
+def _pending_acted(
+    request: HttpRequest,
+    console: Console,
+    *,
+    text: str,
+    level: int,
+    handled: list[int],
+    before: list[dict[str, Any]],
+    back: str,
+) -> HttpResponse:
+    """After an approve/reject: with htmx the handled rows go and the counts (tab, summary,
+    reason groups) are redrawn; a group left empty goes. Without JavaScript, 303 back."""
+    if not _is_htmx(request):
+        messages.add_message(request, level, text)
+        return _see_other(back)
+    groups = pending_groups(console.workspace)
+    after = {g["reason"]: g["count"] for g in groups}
+    context = {
+        "console": console,
+        "removed": [("tr", f"pending-row-{i}") for i in handled],
+        "tab": "pending",
+        "counts": review_counts(console.workspace, known={"pending": sum(after.values())}),
+        "notice": text,
+        "notice_level": messages.DEFAULT_TAGS[level],
+        "regrouped": [(g["reason"], after.get(g["reason"], 0)) for g in before],
+        "totals": pending_totals(groups),
+        "oob": True,
+    }
+    return render(request, "console/review.html#pending_result", context)
+
+
+def _breaker(request: HttpRequest, console: Console, exc: ServiceError, back: str) -> HttpResponse:
+    """The circuit breaker refused an approval: its message, and a form that repeats the same
+    approval with ``force`` (confirmed)."""
+    retry = {
+        "scope": request.POST.get("scope", ""),
+        "reason": request.POST.get("reason", ""),
+        "ids": request.POST.getlist("ids"),
+        "next": back,
+    }
+    context: dict[str, Any] = {
+        "console": console,
+        "notice": exc.detail,
+        "notice_level": "error",
+        "breaker": retry,
+    }
+    if _is_htmx(request):
+        response = render(request, "console/review.html#notice", {**context, "oob": True}, status=409)
+        response["HX-Reswap"] = "none"
+        response[NOTICE_HEADER] = "1"
+        return response
+    context.update(_review_context(request, console, "pending"))
+    context["notice"], context["notice_level"], context["breaker"] = exc.detail, "error", retry
+    return render(request, "console/review.html", context, status=409)
+
+
+@operator_action
+def approve_proposals(request: HttpRequest, console: Console) -> HttpResponse:
+    """Approve open proposals: one or a selection (``ids``), a reason group (``scope=all`` and
+    ``reason``) or all (``scope=all``); ``force=1`` passes the circuit breaker."""
+    back = _back(request, console, _review_url(console, "pending"))
+    before = pending_groups(console.workspace)
+    try:
+        scope, bad = _proposal_scope(request)
+        result = proposals.approve(
+            console.workspace, **scope, actor=console.actor, force=request.POST.get("force") == "1"
+        )
+    except Conflict as exc:
+        if exc.detail.startswith("circuit breaker"):
+            return _breaker(request, console, exc, back)
+        return _refused(request, exc, back)
+    except ServiceError as exc:
+        return _refused(request, exc, back)
+    applied, skipped = result["applied"], result["skipped"]
+    noun = "change" if len(applied) == 1 else "changes"
+    text = f"Approved {len(applied)} {noun}" + (f" ({_ids_text(applied)})." if applied else ".")
+    text += _skipped_text(skipped, bad)
+    level = messages.SUCCESS if applied else messages.WARNING
+    handled = [*applied, *(s["id"] for s in skipped)]
+    return _pending_acted(request, console, text=text, level=level, handled=handled, before=before, back=back)
+
+
+@operator_action
+def reject_proposals(request: HttpRequest, console: Console) -> HttpResponse:
+    """Reject open proposals (the same choices as approve): each entry gets an operator hold."""
+    back = _back(request, console, _review_url(console, "pending"))
+    before = pending_groups(console.workspace)
+    try:
+        scope, bad = _proposal_scope(request)
+        result = proposals.reject(console.workspace, **scope, actor=console.actor)
+    except ServiceError as exc:
+        return _refused(request, exc, back)
+    rejected, skipped = result["rejected"], result["skipped"]
+    noun = "change" if len(rejected) == 1 else "changes"
+    text = f"Rejected {len(rejected)} {noun}" + (f" ({_ids_text(rejected)})" if rejected else "")
+    text += "; the entries are held: automation leaves them alone until released." if rejected else "."
+    text += _skipped_text(skipped, bad)
+    level = messages.SUCCESS if rejected else messages.WARNING
+    handled = [*rejected, *(s["id"] for s in skipped)]
+    return _pending_acted(request, console, text=text, level=level, handled=handled, before=before, back=back)
+
+
+@operator_action
+def release_holds(request: HttpRequest, console: Console) -> HttpResponse:
+    """Release the operator hold of the selected entries (from a queue row: ``tab`` says which)."""
+    tab = request.POST.get("tab", "")
+    tab = tab if tab in REVIEW_TABS else "automatic"
+    back = _back(request, console, _review_url(console, tab))
+    try:
+        ids, bad = _selected(request)
+    except ServiceError as exc:
+        return _refused(request, exc, back)
+    done: list[int] = []
+    for entry_id in ids:
+        try:
+            services.entry_release(workspace=console.workspace, entry_id=entry_id, actor=console.actor)
+        except ServiceError:
+            continue  # not held (released meanwhile), or not this workspace's entry
+        done.append(entry_id)
+    text, level = _summary("Released", done, [*(i for i in ids if i not in done), *bad], "not held")
+    removed = [("span", f"hold-{i}") for i in done]
+    return _acted(request, console, tab=tab, text=text, level=level, removed=removed, back=back)
 
 
 @operator_action
@@ -338,10 +528,17 @@ def runs(request: HttpRequest, console: Console) -> HttpResponse:
     status = _choice(request, "status", RunStatus.values)
     history = run_list(console.workspace, kind=kind or None, status=status or None)
     page = Paginator(history, PER_PAGE).get_page(request.GET.get("page"))
+    # Runs that changed nothing, folded into a count per day a week after they ran: one query
+    # for the totals, one more for a page of days when there are any.
+    folded, day_rows = folded_summary(console.workspace, kind=kind or None, status=status or None)
+    days = Paginator(run_days(console.workspace, kind=kind or None, status=status or None), PER_PAGE)
+    days.__dict__["count"] = day_rows  # Paginator.count is a cached_property: counted above
     context = {
         "console": console,
         "page": page,
         "rows": run_rows(page.object_list),
+        "days": days.get_page(request.GET.get("days_page")) if folded else None,
+        "folded": folded,
         "filters": {"kind": kind, "status": status},
         "kinds": RunKind.values,
         "statuses": RunStatus.values,

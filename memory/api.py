@@ -127,8 +127,14 @@ def _check_source(who: Principal, source: str | None) -> None:
         raise Forbidden(f"source {source!r} needs the operator role; your role is {who.role}")
 
 
-def _page(qs: Any, limit: int, offset: int, count_key: str | None = None) -> dict[str, Any]:
-    found = selectors.page(qs, limit=limit, offset=offset, count_key=count_key)
+def _page(
+    qs: Any,
+    limit: int,
+    offset: int,
+    count_key: str | None = None,
+    counted: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
+    found = selectors.page(qs, limit=limit, offset=offset, count_key=count_key, counted=counted)
     if qs.model is Entry:
         selectors.with_tag_names(found["items"])
     return found
@@ -156,7 +162,13 @@ def list_entries(request: HttpRequest, filters: Query[EntryListQuery]) -> dict[s
     params = filters.model_dump(exclude={"limit", "offset"})
     rows = {k: v for k, v in params.items() if k != "sort"}  # what is counted
     count_key = f"entries:{who.workspace.pk}:{sorted(rows.items())!r}"
-    return _page(selectors.entry_list(who.workspace, **params), filters.limit, filters.offset, count_key)
+    return _page(
+        selectors.entry_list(who.workspace, **params),
+        filters.limit,
+        filters.offset,
+        count_key,
+        counted=lambda: selectors.entry_list_counted(who.workspace, **rows),
+    )
 
 
 @router.get("/entries/{entry_id}", response={200: EntryDetailOut, **ERRORS})
@@ -205,6 +217,14 @@ def restore_entry(request: HttpRequest, entry_id: int) -> Entry:
     """Operator: a stale, archived or tombstoned entry returns to its previous live status."""
     who = require(request, "operator")
     return services.entry_restore(workspace=who.workspace, entry_id=_id(entry_id), actor=who.actor)
+
+
+@router.post("/entries/{entry_id}/release", response={200: EntryOut, **ERRORS})
+def release_entry(request: HttpRequest, entry_id: int) -> Entry:
+    """Operator: clear the entry's operator hold (409 when it has none); automation may change
+    it again. The release is a LifecycleEvent of its history."""
+    who = require(request, "operator")
+    return services.entry_release(workspace=who.workspace, entry_id=_id(entry_id), actor=who.actor)
 
 
 @router.get("/entries/{entry_id}/versions", response={200: EntryPageOut, **ERRORS})

@@ -1,6 +1,7 @@
 """API authentication and roles (SPEC §5).
 
-Two ways in, both resolving to a ``Principal`` (workspace, role, actor):
+Two ways in, both resolving to a ``Principal`` (workspace, role, actor); the MCP endpoint uses
+the first (``key_principal``):
 
 - ``Authorization: Bearer <key>``: the key fixes the workspace and the role (agent, operator,
   admin). Only the key's sha256 is stored; a revoked key is unknown.
@@ -172,19 +173,32 @@ def _policy_values(raw: tuple[Any, ...]) -> PolicyValues:
     return policy.values() if isinstance(policy, MaintenancePolicy) else PolicyValues()
 
 
+KEY_MAX = 200  # characters of a presented key: longer is no key of ours, refused unhashed
+
+
+def key_principal(token: str) -> Principal | None:
+    """The principal of a presented API key, or None when it is no live key: the one door of
+    every key-authenticated request, the JSON API's (``BearerKey``) and the MCP endpoint's
+    (``memory.mcp``). The key's sha256 is looked up (a revoked key is unknown), its per-key
+    rate limit counted (``RateLimited`` past it) and its ``last_used_at`` kept current to
+    the minute."""
+    if not token or len(token) > KEY_MAX:
+        return None
+    key = _live_key(hash_key(token))
+    if key is None:
+        return None
+    _rate_limit(f"key:{key.pk}")
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+    return Principal(workspace=key.workspace, role=key.role, actor=actor_for_key(key), key=key)
+
+
 class BearerKey(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> Principal | None:
-        if not token or len(token) > 200:
-            return None
-        key = _live_key(hash_key(token))
-        if key is None:
-            return None
-        _rate_limit(f"key:{key.pk}")
-        now = timezone.now()
-        if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
-            ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
-        found = Principal(workspace=key.workspace, role=key.role, actor=actor_for_key(key), key=key)
-        request.principal = found  # type: ignore[attr-defined]
+        found = key_principal(token)
+        if found is not None:
+            request.principal = found  # type: ignore[attr-defined]
         return found
 
 

@@ -30,7 +30,14 @@ from django.db.models.functions import Cast, Coalesce, Floor, Greatest, Least, S
 from django_q.models import Schedule
 
 from maintenance import scoring
-from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus
+from maintenance.models import (
+    MaintenancePolicy,
+    MaintenanceRun,
+    Proposal,
+    ProposalStatus,
+    RunKind,
+    RunStatus,
+)
 from maintenance.policy import PolicyValues
 from maintenance.schedules import SCHEDULES
 from maintenance.scoring_db import relationship_count_expr
@@ -170,7 +177,8 @@ def next_runs(workspace: Workspace, *, now: datetime) -> RunSchedule:
                 .order_by("-finished_at")
                 .values("finished_at")[:1]
             ),
-            full_running=Exists(recent_full.filter(status=RunStatus.RUNNING)),
+            # A full run queued by the API or the console counts as in progress (the dispatcher's rule).
+            full_running=Exists(recent_full.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])),
             last_full_failed=Subquery(
                 recent_full.filter(status=RunStatus.FAILED).order_by("-started_at").values("started_at")[:1]
             ),
@@ -298,6 +306,8 @@ class EntryPage:
     versions_more: bool
     tombstone: Tombstone | None
     history: Page[LifecycleEvent]
+    held: bool  # an operator hold is in force (SPEC §3.2): automation leaves the entry alone
+    proposals: list[Any]  # open proposals of this entry (SPEC §3.1), awaiting approval
 
     @property
     def is_old_version(self) -> bool:
@@ -373,6 +383,15 @@ def entry_page(workspace: Workspace, entry_id: int, *, now: datetime, events_pag
         versions_more=versions_more,
         tombstone=selectors.open_tombstone(workspace, entry) if tombstoned else None,
         history=paginate(selectors.entry_history(workspace, entry), events_page, EVENTS_PER_PAGE),
+        held=entry.held_at is not None
+        and entry.hold_active(
+            now=now, hold_days=MaintenancePolicy.for_workspace(workspace).operator_hold_days
+        ),
+        proposals=list(
+            Proposal.objects.filter(workspace=workspace, entry_ref=entry.pk, status=ProposalStatus.OPEN)
+            .only("pk", "action", "reason", "why", "run_id", "entry_ref")
+            .order_by("pk")
+        ),
     )
 
 

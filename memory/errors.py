@@ -1,12 +1,16 @@
 """Errors raised by services; the API maps each to its HTTP status and one JSON shape."""
 
+from typing import Any
+
 
 class ServiceError(Exception):
     status_code = 400
 
-    def __init__(self, detail: str):
+    def __init__(self, detail: str, **fields: Any):
         super().__init__(detail)
         self.detail = detail
+        # Answered beside ``detail``: what a client needs to act on the refusal (ids).
+        self.fields = fields
 
 
 class InvalidInput(ServiceError):

@@ -7,15 +7,25 @@ very partial the pages include, so a page shows the same thing before and after 
 
 - ``console/partials/live_runs.html`` — ``<section id="live-runs">``, the last runs
   (``announce_runs``);
+- ``console/partials/run_progress.html`` — ``<div id="run-progress-<id>">``, where one run
+  is: queued, the pass it is in with rows done and time elapsed, or how it ended
+  (``run_progress``, once per pass, and when it starts and ends). Only that run's page has the
+  element; when the pushed fragment says the run ended, the page reloads its own run section
+  (``static/js/console.js``), so counts, affected entries and revert appear without a reload;
 - ``console/partials/live_queue.html`` — ``<span id="live-queue">``, the open review counts
-  (``announce_queue``).
+  of the header, the dashboard's "N changes await approval" (``<p id="live-pending">``) and
+  the review queue's tab counts (``<span id="review-count-…">``; not hygiene, whose count
+  needs a scan of every entry) (``announce_queue``). The Pending approval tab reloads its
+  rows when the pushed proposal count differs from the one it shows.
 
 Fragments go to every member of the workspace whatever their role, so they carry links and
 no action buttons (actions stay on the pages, where the server checks the role).
 
 **When.** ``run_started``/``run_finished`` are called by ``maintenance.runs`` when a run is
 recorded and when it ends (in whatever process runs it: web, django-q2 worker, command line);
-console views call ``announce_queue`` (and ``announce_runs``) after review actions. Rendering
+the services that change review work call ``announce_queue`` (proposals recorded, approved,
+rejected; holds placed and released — restore, revert, keep, dispute —; hygiene archives),
+whatever door called them, and console views call it after their actions too. Rendering
 and sending happen after the transaction commits (``transaction.on_commit``): a rolled-back
 write announces nothing, and a fragment shows committed state. An announcement never breaks
 or slows the work that makes it: errors are logged and dropped, a send waits at most two
@@ -40,14 +50,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.template.loader import render_to_string
-from django.utils import timezone
 
 from memory.events import deliver
 
@@ -60,9 +68,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RUNS_SHOWN = 10
-RECENT_CHANGES = timedelta(days=7)  # "recent automatic changes" of the queue count
 RUNS_TEMPLATE = "console/partials/live_runs.html"
 QUEUE_TEMPLATE = "console/partials/live_queue.html"
+PROGRESS_TEMPLATE = "console/partials/run_progress.html"
 
 
 # --- what the pages include ------------------------------------------------------------------------
@@ -92,34 +100,34 @@ def _count(rows: QuerySet[Any]) -> Coalesce:
     return Coalesce(Subquery(counted.annotate(n=Count("pk")).values("n")[:1]), 0)
 
 
+QUEUE_KEYS = ("proposals", "proposed_archive", "proposed_tombstone", "automatic", "tombstones", "disputes")
+
+
 def queue_counts(workspace: Workspace | int) -> dict[str, int]:
-    """Open review work, in one query: open disputes, open tombstones (neither restored nor
-    purged), and automatic archivals and tombstones of the last ``RECENT_CHANGES`` not
-    reverted. (Hygiene candidates are left out: finding them scans every entry.)"""
-    from maintenance.models import Dispute, DisputeStatus
-    from memory.models import LifecycleEvent, Status, Tombstone
+    """Open review work, in one query, counted by the very selectors the review tabs list:
+    open proposals (and of them archives and tombstones), automatic changes a revert would
+    still undo (``automatic_changes``), open tombstones and open disputes. (Hygiene candidates
+    are left out: finding them scans every entry.)"""
+    from maintenance.console_selectors import automatic_changes, open_tombstones
+    from maintenance.models import Dispute, DisputeStatus, Proposal, ProposalAction, ProposalStatus
     from memory.models import Workspace as WorkspaceModel
 
-    workspace_id = workspace if isinstance(workspace, int) else workspace.pk
+    ws: Any = workspace if not isinstance(workspace, int) else WorkspaceModel(pk=workspace)
+    proposed = Proposal.objects.filter(status=ProposalStatus.OPEN)
     found = (
-        WorkspaceModel.objects.filter(pk=workspace_id)
+        WorkspaceModel.objects.filter(pk=ws.pk)
         .annotate(
+            q_proposals=_count(proposed),
+            q_proposed_archive=_count(proposed.filter(action=ProposalAction.ARCHIVE)),
+            q_proposed_tombstone=_count(proposed.filter(action=ProposalAction.TOMBSTONE)),
+            q_automatic=_count(automatic_changes(ws)),
+            q_tombstones=_count(open_tombstones(ws)),
             q_disputes=_count(Dispute.objects.filter(status=DisputeStatus.OPEN)),
-            q_tombstones=_count(Tombstone.objects.filter(restored_at__isnull=True, purged_at__isnull=True)),
-            q_automatic=_count(
-                LifecycleEvent.objects.filter(
-                    automatic=True,
-                    reverted_at__isnull=True,
-                    entry__isnull=False,
-                    to_status__in=[Status.ARCHIVED, Status.TOMBSTONED, Status.STALE],
-                    created_at__gte=timezone.now() - RECENT_CHANGES,
-                )
-            ),
         )
-        .values("q_disputes", "q_tombstones", "q_automatic")
+        .values(*(f"q_{name}" for name in QUEUE_KEYS))
         .first()
     ) or {}
-    return {name: found.get(f"q_{name}", 0) for name in ("disputes", "tombstones", "automatic")}
+    return {name: found.get(f"q_{name}", 0) for name in QUEUE_KEYS}
 
 
 def queue_context(workspace: Workspace) -> dict[str, Any]:
@@ -135,7 +143,14 @@ def context(request: HttpRequest) -> dict[str, Any]:
     if console is None:
         return {}
     workspace = console.workspace
-    return {"live_queue": lambda: queue_counts(workspace)}
+    found: dict[str, int] = {}
+
+    def counts() -> dict[str, int]:  # the header and the dashboard share one query
+        if not found:
+            found.update(queue_counts(workspace))
+        return found
+
+    return {"live_queue": counts}
 
 
 def render_runs(workspace_id: int) -> str:
@@ -153,7 +168,7 @@ def render_queue(workspace_id: int) -> str:
     from memory.models import Workspace
 
     workspace = Workspace.objects.get(pk=workspace_id)
-    return render_to_string(QUEUE_TEMPLATE, queue_context(workspace))
+    return render_to_string(QUEUE_TEMPLATE, {**queue_context(workspace), "pushed": True})
 
 
 # --- announcing -----------------------------------------------------------------------------------
@@ -186,14 +201,35 @@ def announce_queue(workspace_id: int) -> None:
     _announce(workspace_id, render_queue)
 
 
+def progress_renderer(run: MaintenanceRun) -> Callable[[int], str]:
+    """The run's progress fragment, rendered from the row in hand (no query) at send time."""
+    state = {
+        "run": {
+            "pk": run.pk,
+            "status": run.status,
+            "dry_run": run.dry_run,
+            "started_at": run.started_at,
+            "finished_at": run.finished_at,
+        },
+        "progress": dict(run.progress) if isinstance(run.progress, dict) else {},
+        "pushed": True,
+    }
+    return lambda workspace_id: render_to_string(PROGRESS_TEMPLATE, state)
+
+
 def run_started(run: MaintenanceRun) -> None:
-    """A run was recorded (status running)."""
-    _announce(run.workspace_id, render_runs)
+    """A run was recorded (queued or running) or a queued one started."""
+    _announce(run.workspace_id, render_runs, progress_renderer(run))
+
+
+def run_progress(run: MaintenanceRun) -> None:
+    """A run began its next pass (``maintenance.runs.Progress``): its page shows where it is."""
+    _announce(run.workspace_id, progress_renderer(run))
 
 
 def run_finished(run: MaintenanceRun) -> None:
     """A run ended (any status): its row changes, and the queue may have too."""
-    if run.dry_run or run.status != "succeeded":
-        _announce(run.workspace_id, render_runs)
+    if run.dry_run or run.status not in ("succeeded", "proposed"):
+        _announce(run.workspace_id, render_runs, progress_renderer(run))
     else:
-        _announce(run.workspace_id, render_runs, render_queue)
+        _announce(run.workspace_id, render_runs, render_queue, progress_renderer(run))

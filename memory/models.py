@@ -7,11 +7,13 @@ scoped; nothing crosses workspaces.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import BooleanField, Exists, Expression, F, OuterRef, Q
 from django.utils import timezone
 
 CONTENT_MAX = 50_000
@@ -25,6 +27,7 @@ class Role(models.TextChoices):
 
 
 class KeyRole(models.TextChoices):
+    VIEWER = "viewer"  # reads only: a dashboard's key, or an agent that must not write
     AGENT = "agent"
     OPERATOR = "operator"
     ADMIN = "admin"
@@ -95,6 +98,16 @@ class Status(models.TextChoices):
 VISIBLE_STATUSES = (Status.ACTIVE, Status.STALE)
 # Statuses an entry can be restored to; "live" for reads.
 LIVE_STATUSES = (Status.STAGED, Status.ACTIVE, Status.STALE)
+
+
+class HoldReason(models.TextChoices):
+    """Why an operator hold protects an entry (SPEC §3.2): the operator decision behind it."""
+
+    RESTORE = "restore"
+    REVERT = "revert"
+    REJECT = "reject"
+    KEEP = "keep"
+    DISPUTE = "dispute"
 
 
 class StagedClass(models.TextChoices):
@@ -216,7 +229,46 @@ class Tag(models.Model):
         return self.name
 
 
+class IndexCondition(Expression):
+    """The condition of one of ``model``'s partial indexes, rendered as the index's own
+    definition renders it: values as SQL literals. SQLite uses a partial index only when the
+    query's WHERE repeats every term of the index's condition, and it compares values only
+    when they are literals: ``status IN (?, ?)`` with bound parameters (what Django sends)
+    never proves ``status IN ('active', 'stale', 'staged', 'archived')``. PostgreSQL proves
+    the implication itself except in a generic prepared plan (``DB_PREPARED``), which the
+    literals help too. Filtering by it changes no result when the query's own filter implies
+    the condition; the caller makes sure it does."""
+
+    conditional = True
+
+    def __init__(self, model: type[models.Model], name: str) -> None:
+        super().__init__(output_field=BooleanField())
+        found = [index for index in model._meta.indexes if index.name == name]
+        if not found or found[0].condition is None:
+            raise ValueError(f"{model.__name__} has no partial index {name!r}")
+        self.name = name
+        self.condition: Any = found[0].condition
+
+    def get_source_expressions(self) -> list[Any]:
+        return [self.condition]
+
+    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
+        (self.condition,) = exprs
+
+    def as_sql(self, compiler: Any, connection: Any, **extra_context: Any) -> tuple[str, tuple[Any, ...]]:
+        sql, params = compiler.compile(self.condition)
+        # As Index._get_condition_sql writes the index's DDL (the schema editor quotes values
+        # and doubles a "%" for the driver's placeholder syntax).
+        quote = connection.schema_editor().quote_value
+        return f"({sql % tuple(quote(p) for p in params)})", ()
+
+
 class EntryQuerySet(models.QuerySet["Entry"]):
+    def on_index(self, name: str) -> EntryQuerySet:
+        """Repeat the condition of the partial index ``name`` (``IndexCondition``), so that
+        SQLite may read that index; only where the query's filter implies that condition."""
+        return self.filter(IndexCondition(Entry, name))
+
     def of(self, workspace: Workspace | int) -> EntryQuerySet:
         return self.filter(workspace=workspace)
 
@@ -228,22 +280,82 @@ class EntryQuerySet(models.QuerySet["Entry"]):
         return self.filter(is_latest=True, status__in=LIVE_STATUSES)
 
     def visible(self, *, include_archived: bool = False, include_staged: bool = False) -> EntryQuerySet:
-        statuses = list(VISIBLE_STATUSES)
-        if include_archived:
-            statuses.append(Status.ARCHIVED)
-        if include_staged:
-            statuses.append(Status.STAGED)
+        statuses = visible_statuses(include_archived=include_archived, include_staged=include_staged)
         return self.filter(is_latest=True, status__in=statuses)
 
     def managed(self) -> EntryQuerySet:
         return self.filter(source__in=MANAGED_SOURCES)
 
-    def unprotected(self, exclude_tags: list[str] | tuple[str, ...] = ()) -> EntryQuerySet:
-        """Entries automation may archive: managed, unpinned, not constitutional, no excluded tag."""
-        qs = self.filter(source__in=MANAGED_SOURCES, pinned=False).exclude(tier=Tier.CONSTITUTIONAL)
-        if exclude_tags:
-            qs = qs.exclude(tags__name__in=list(exclude_tags))
-        return qs
+    def unprotected(
+        self,
+        *,
+        now: datetime,
+        hold_days: int,
+        exclude_tags: list[str] | tuple[str, ...] = (),
+        honour_pin: bool = True,
+    ) -> EntryQuerySet:
+        """Entries automation may archive, mark stale or tombstone (``protected``)."""
+        return self.exclude(
+            protected(now=now, hold_days=hold_days, exclude_tags=exclude_tags, honour_pin=honour_pin)
+        )
+
+    def held(self, *, now: datetime, hold_days: int) -> EntryQuerySet:
+        return self.filter(held(now=now, hold_days=hold_days))
+
+
+def visible_statuses(*, include_archived: bool = False, include_staged: bool = False) -> list[str]:
+    """The statuses ``EntryQuerySet.visible`` lists."""
+    statuses: list[str] = list(VISIBLE_STATUSES)
+    if include_archived:
+        statuses.append(Status.ARCHIVED)
+    if include_staged:
+        statuses.append(Status.STAGED)
+    return statuses
+
+
+# Latest entries in these statuses are all in the partial index ``entry_sweep_age`` (by
+# workspace and status): it counts them without reading rows in any particular order.
+COUNT_INDEX_STATUSES = (Status.ACTIVE, Status.STALE, Status.ARCHIVED)
+
+
+def count_index(statuses: list[str] | tuple[str, ...]) -> str:
+    """The partial index that counts the latest entries of ``statuses`` fastest (its condition
+    repeated with ``on_index``): ``entry_sweep_age`` when it holds them all (ordered by
+    status, then by when it changed: about the table's own order), else ``entry_by_importance``
+    (every latest entry but tombstones)."""
+    return "entry_sweep_age" if set(statuses) <= set(COUNT_INDEX_STATUSES) else "entry_by_importance"
+
+
+def held(*, now: datetime, hold_days: int) -> Q:
+    """Under an operator hold (SPEC §3.2): set by an operator's decision, cleared by a release or
+    a new version, and over after ``hold_days`` when that is > 0."""
+    q = Q(held_at__isnull=False)
+    if hold_days > 0:
+        q &= Q(held_at__gt=now - timedelta(days=hold_days))
+    return q
+
+
+def protected(
+    *,
+    now: datetime,
+    hold_days: int,
+    exclude_tags: list[str] | tuple[str, ...] = (),
+    honour_pin: bool = True,
+    holds: bool = True,
+) -> Q:
+    """THE protection rule (SPEC §3, §3.2): entries no automatic pass archives, marks stale or
+    tombstones — unmanaged source, constitutional tier, an excluded tag, an operator hold, and
+    (unless a writer's TTL overrides it: ``honour_pin=False``) pinned. ``holds=False`` leaves
+    the hold out, only to count the held entries a pass skipped."""
+    rule = ~Q(source__in=MANAGED_SOURCES) | Q(tier=Tier.CONSTITUTIONAL)
+    if honour_pin:
+        rule |= Q(pinned=True)
+    if exclude_tags:
+        tagged = Entry.tags.through.objects.filter(entry_id=OuterRef("pk"), tag__name__in=list(exclude_tags))
+        rule |= Q(Exists(tagged))
+    if holds:
+        rule |= held(now=now, hold_days=hold_days)
+    return rule
 
 
 class Entry(models.Model):
@@ -292,6 +404,13 @@ class Entry(models.Model):
     # content_hash at the time an operator chose "keep" in the hygiene queue; a content change
     # brings the entry back to the queue.
     review_kept_hash = models.CharField(max_length=64, blank=True)
+    # An operator hold (SPEC §3.2); a new version starts without one. db_default: rows written
+    # by raw SQL (bulk loaders) that do not name these columns are unheld too.
+    held_at = models.DateTimeField(null=True, blank=True)
+    held_by = models.CharField(max_length=200, blank=True, default="", db_default="")
+    hold_reason = models.CharField(
+        max_length=16, choices=HoldReason.choices, blank=True, default="", db_default=""
+    )
 
     # Versions.
     lineage_id = models.BigIntegerField(null=True, blank=True, help_text="Id of the first version")
@@ -355,15 +474,28 @@ class Entry(models.Model):
                 condition=Q(is_latest=True),
                 name="entry_latest_recent",
             ),
+            # The MCP briefing's constitutional rules, first (memory.mcp): a workspace has few,
+            # and the importance index would be walked to its end to find that out.
+            models.Index(
+                fields=["workspace", "-importance", "-id"],
+                condition=Q(
+                    is_latest=True, tier=Tier.CONSTITUTIONAL, status__in=[Status.ACTIVE, Status.STALE]
+                ),
+                name="entry_constitutional",
+            ),
             models.Index(fields=["lineage_id"], name="entry_lineage"),
             models.Index(
                 fields=["workspace", "content_hash"], condition=Q(is_latest=True), name="entry_hash"
             ),
             # Sweep predicates (SPEC §4.1), each a partial index on the rows the pass reads.
+            # The decay pass's rows in keyset order. Not on retention: a column in an index
+            # makes every score refresh of the row a non-HOT update on PostgreSQL (a new entry
+            # in each of the table's indexes, the full-text index among them); the pass reads
+            # retention off the rows this index finds.
             models.Index(
-                fields=["workspace", "retention"],
+                fields=["workspace", "id"],
                 condition=Q(is_latest=True, status__in=[Status.ACTIVE, Status.STALE], tier=Tier.EPISODIC),
-                name="entry_sweep_decay",
+                name="entry_sweep_decay_rows",
             ),
             models.Index(
                 fields=["workspace", "ttl_expires_at"],
@@ -389,6 +521,12 @@ class Entry(models.Model):
     @property
     def is_managed(self) -> bool:
         return self.source in MANAGED_SOURCES
+
+    def hold_active(self, *, now: datetime, hold_days: int) -> bool:
+        """The Python twin of ``held`` for one loaded entry."""
+        if self.held_at is None:
+            return False
+        return hold_days <= 0 or self.held_at > now - timedelta(days=hold_days)
 
     def refresh_from_db(self, *args: Any, **kwargs: Any) -> None:
         self.__dict__.pop("_tag_names", None)  # attached by a page read; may be stale now
@@ -553,6 +691,8 @@ class LifecycleEvent(models.Model):
         indexes = [
             models.Index(fields=["workspace", "-created_at"], name="event_recent"),
             models.Index(fields=["entry_ref", "-created_at"], name="event_by_entry"),
+            # A run's affected entries, by action, paged in id order (the run page and the API).
+            models.Index(fields=["run", "to_status", "entry_ref"], name="event_by_run"),
         ]
 
     def __str__(self) -> str:
@@ -574,3 +714,27 @@ class LiveMessage(models.Model):
 
     def __str__(self) -> str:
         return f"live message {self.pk} for workspace {self.workspace_id}"
+
+
+class IdempotencyKey(models.Model):
+    """The first answer to a ``POST`` of the API that carried an ``Idempotency-Key`` header,
+    kept 24 h per key and workspace so that a retry gets the same answer without a second
+    write (``memory.idempotency``). ``status`` is null while the first request is in hand."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    # sha256 of what makes the request this request: method, path, query, body and caller.
+    fingerprint = models.CharField(max_length=64)
+    status = models.PositiveSmallIntegerField(null=True, blank=True)
+    body = models.TextField(blank=True, default="")
+    content_type = models.CharField(max_length=100, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    locked_at = models.DateTimeField(null=True, blank=True, help_text="Set while the request is in hand")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "key"], name="idempotencykey_unique_workspace_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"idempotency key {self.key!r} of workspace {self.workspace_id}"

@@ -12,23 +12,31 @@ import json
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
+from django.http import HttpRequest
+from django.utils import timezone
 from ninja import Field, Schema
 from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    ModelWrapValidatorHandler,
     StrictBool,
     StrictFloat,
     StrictInt,
+    ValidationInfo,
+    model_validator,
 )
 
+from maintenance.models import MaintenancePolicy
 from memory.models import (
     CONTENT_MAX,
     TITLE_MAX,
     AnchorStatus,
+    Entry,
     EntryType,
     FeedbackSignal,
+    HoldReason,
     RelationshipType,
     SignificanceType,
     Source,
@@ -43,6 +51,7 @@ from memory.services import (
     LINKS_PER_WRITE_MAX,
     TAG_MAX,
     TAGS_PER_ENTRY_MAX,
+    write_policy,
 )
 
 INT64_MAX = 2**63 - 1  # the largest id either database can hold
@@ -242,10 +251,30 @@ class ErrorOut(Schema):
     detail: Any
 
 
+def hold_days(request: Any, workspace_id: int | None = None) -> int:
+    """The caller's workspace's operator_hold_days: from the policy the request's key lookup read
+    (no query), else read once per request (a member's session) and kept on the request. Without
+    a request (a schema used outside the API), the entry's workspace's policy."""
+    if isinstance(request, HttpRequest):
+        cached = getattr(request, "_hold_days", None)
+        if isinstance(cached, int):
+            return cached
+        who = getattr(request, "principal", None)
+        if who is not None:
+            days = write_policy(who.workspace).operator_hold_days
+            request._hold_days = days  # type: ignore[attr-defined]
+            return days
+    if workspace_id is None:
+        return 0
+    return MaintenancePolicy.for_workspace(workspace_id).operator_hold_days  # type: ignore[arg-type]
+
+
 class EntryOut(BaseModel):
     """An entry as every endpoint returns it. A plain pydantic model reading the instance's
     attributes (no django-ninja resolvers): serialising a page of 20 costs 0.1 ms instead of
-    0.9 ms through ninja's per-attribute getter (bench/reports/api.md)."""
+    0.9 ms through ninja's per-attribute getter (bench/reports/api.md). ``held`` is the
+    entry's operator hold judged under the workspace's ``operator_hold_days`` now (the request
+    is in the validation context django-ninja passes)."""
 
     model_config = ConfigDict(from_attributes=True)
 
@@ -287,6 +316,33 @@ class EntryOut(BaseModel):
     scored_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    held: bool = Field(
+        False,
+        description="Under an operator hold (SPEC §3.2): no automatic pass archives, marks stale or "
+        "tombstones it until released (POST /entries/{id}/release), its content changes, or "
+        "operator_hold_days (if > 0) have passed",
+    )
+    held_at: datetime | None = Field(description="When an operator's decision put the hold (null: none)")
+    held_by: str = Field(description="Who put it")
+    hold_reason: HoldReason | Literal[""] = Field(
+        description="The decision behind it: restore, revert, reject, keep or dispute"
+    )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _hold_in_force(
+        cls, value: Any, handler: ModelWrapValidatorHandler[EntryOut], info: ValidationInfo
+    ) -> EntryOut:
+        out = handler(value)
+        if out.held_at is not None:
+            # An entry, or what wraps one (selectors.EntryDetail reads its attributes from it).
+            entry = value if isinstance(value, Entry) else getattr(value, "entry", None)
+            if isinstance(entry, Entry):
+                days = hold_days((info.context or {}).get("request"), entry.workspace_id)
+                out.held = entry.hold_active(now=timezone.now(), hold_days=days)
+            else:  # not read from an entry: a hold that has a start is in force
+                out.held = True
+        return out
 
 
 class AnchorOut(Schema):

@@ -56,7 +56,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
 from memory.errors import InvalidInput
-from memory.models import Entry, Status, Workspace
+from memory.models import Entry, Status, Workspace, count_index
 
 Q_MAX = 500  # characters
 LIMIT_MAX = 500  # the bounds of every list page (SPEC §5; memory.schemas.PAGE_MAX, OFFSET_MAX)
@@ -260,8 +260,9 @@ def _visible(workspace_id: int, statuses: list[str]) -> int:
     """The workspace's latest entries a search may return (exact up to 10,000, then cached)."""
     from memory.selectors import bounded_count  # selectors imports models that import this
 
+    rows = Entry.objects.filter(workspace_id=workspace_id, is_latest=True, status__in=statuses)
     return bounded_count(
-        Entry.objects.filter(workspace_id=workspace_id, is_latest=True, status__in=statuses).order_by()
+        rows.on_index(count_index(statuses)).order_by(), key=f"search-visible:{workspace_id}:{statuses!r}"
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -22,6 +22,7 @@ from memory.models import (
     CodeAnchor,
     Entry,
     EntryAccess,
+    EntryQuerySet,
     LifecycleEvent,
     Membership,
     Relationship,
@@ -29,6 +30,8 @@ from memory.models import (
     Tag,
     Tombstone,
     Workspace,
+    count_index,
+    visible_statuses,
 )
 
 # Lists count exactly up to this many rows; a larger total is counted once and cached for
@@ -37,19 +40,26 @@ COUNT_EXACT_UP_TO = 10_000
 COUNT_CACHE_SECONDS = 30
 
 
-def bounded_count(queryset: QuerySet[Any], key: str | None = None) -> int:
+def bounded_count(queryset: QuerySet[Any] | Callable[[], QuerySet[Any]], key: str | None = None) -> int:
     """The number of rows of ``queryset``: exact up to COUNT_EXACT_UP_TO (reading at most that
     many), above it the exact count of at most COUNT_CACHE_SECONDS ago. A count that was large
     is served from the cache until it expires, without reading any row. ``key`` names the
-    query's rows (what it filters, not how it sorts); by default its SQL, which costs a compile."""
+    query's rows (what it filters, not how it sorts); by default its SQL, which costs a compile.
+    ``queryset`` may be a function that builds it, called only when a count is made."""
     if key is None:
+        if not isinstance(queryset, QuerySet):
+            queryset = queryset()
         sql, params = queryset.query.sql_with_params()
         key = repr((sql, params))
     key = "count:" + hashlib.sha256(key.encode()).hexdigest()
     cached = cache.get(key)
     if cached is not None:
         return int(cached)
-    n = queryset[: COUNT_EXACT_UP_TO + 1].count()
+    if not isinstance(queryset, QuerySet):
+        queryset = queryset()
+    # Unsorted: a sliced count keeps the query's ORDER BY, and a sort of every row (or a walk
+    # in index order, reading rows at random) costs far more than counting them.
+    n = queryset.order_by()[: COUNT_EXACT_UP_TO + 1].count()
     if n <= COUNT_EXACT_UP_TO:
         return n
     n = queryset.count()
@@ -57,14 +67,30 @@ def bounded_count(queryset: QuerySet[Any], key: str | None = None) -> int:
     return n
 
 
-def page(queryset: QuerySet[Any], *, limit: int, offset: int, count_key: str | None = None) -> dict[str, Any]:
-    """One page of a list and the list's ``count`` (``bounded_count``; a page shorter than
-    ``limit`` is the last one and counts itself). One or two queries whatever the page size."""
+def page(
+    queryset: QuerySet[Any],
+    *,
+    limit: int,
+    offset: int,
+    count_key: str | None = None,
+    counted: Callable[[], QuerySet[Any]] | None = None,
+) -> dict[str, Any]:
+    """One page of a list and the list's ``count``, the total number of matching rows whatever
+    the offset (SPEC §5). ``counted`` builds the same rows written to count fast (by default
+    ``queryset``), only when a count is needed. One or two queries whatever the page size:
+
+    - a page shorter than ``limit`` that shows rows is the last one and counts itself;
+    - a full page reads ``bounded_count``, never below what it shows (a cached count may lag
+      behind rows written since);
+    - an empty page past the end counts exactly: the total is below the offset, and a cached
+      count, or the offset itself, would report rows that are not there."""
     items = list(queryset[offset : offset + limit])
-    if len(items) < limit and (items or offset == 0):
-        count = offset + len(items)  # the last page: exact without counting
-    else:  # a cached count may lag behind rows written since; never below what is shown
-        count = max(bounded_count(queryset, count_key), offset + len(items))
+    if (items and len(items) < limit) or (offset == 0 and not items):
+        count = offset + len(items)
+    elif items:
+        count = max(bounded_count(queryset if counted is None else counted, count_key), offset + len(items))
+    else:
+        count = (queryset if counted is None else counted()).count()
     return {"count": count, "limit": limit, "offset": offset, "items": items}
 
 
@@ -121,9 +147,15 @@ ENTRY_SORTS: dict[str, tuple[str, ...]] = {
     "recent": ("-created_at", "-id"),
     "retention": ("-retention", "-id"),
 }
+# The sorts whose list repeats the condition of ``entry_by_importance`` (``on_index``), so that
+# SQLite may read an index in the sort's order: importance reads that index; recent reads
+# ``entry_latest_recent``, which SQLite chose only with that condition present (without it,
+# it sorted all the workspace's entries). No index holds retention's order: adding the
+# condition there made SQLite sort the index's rows, slower than today's plan.
+ENTRY_SORTS_ON_INDEX = ("importance", "recent")
 
 
-def entry_list(
+def _entry_rows(
     workspace: Workspace,
     *,
     status: str | None = None,
@@ -133,18 +165,16 @@ def entry_list(
     project: str | None = None,
     include_archived: bool = False,
     include_staged: bool = False,
-    sort: str = "importance",
-) -> QuerySet[Entry]:
-    """Latest visible entries of the workspace, filtered and sorted. A page of them gets its
-    tags with ``with_tag_names`` (or ``prefetch_related("tags")``): one query whatever its
-    size. Asking for
-    ``status=archived`` or ``status=staged`` implies including them."""
-    qs = Entry.objects.of(workspace).visible(
+) -> tuple[EntryQuerySet, list[str]]:
+    """The rows of ``entry_list`` (unsorted) and the statuses they may have."""
+    statuses = visible_statuses(
         include_archived=include_archived or status == Status.ARCHIVED,
         include_staged=include_staged or status == Status.STAGED,
     )
+    qs = Entry.objects.of(workspace).filter(is_latest=True, status__in=statuses)
     if status:
         qs = qs.filter(status=status)
+        statuses = [s for s in statuses if s == status]
     if entry_type:
         qs = qs.filter(entry_type=entry_type)
     if tier:
@@ -157,7 +187,26 @@ def entry_list(
             entry_id=OuterRef("pk"), tag__workspace=workspace, tag__name=tag
         )
         qs = qs.filter(Exists(tagged))
+    return qs, statuses
+
+
+def entry_list(workspace: Workspace, *, sort: str = "importance", **filters: Any) -> QuerySet[Entry]:
+    """Latest visible entries of the workspace, filtered and sorted (``filters``: status,
+    entry_type, tier, tag, project, include_archived, include_staged). A page of them gets
+    its tags with ``with_tag_names`` (or ``prefetch_related("tags")``): one query whatever
+    its size. Asking for ``status=archived`` or ``status=staged`` implies including them.
+    Count them with ``entry_list_counted``."""
+    qs, _statuses = _entry_rows(workspace, **filters)
+    if sort in ENTRY_SORTS_ON_INDEX:  # every visible entry is in it: no row changes
+        qs = qs.on_index("entry_by_importance")
     return qs.order_by(*ENTRY_SORTS[sort])
+
+
+def entry_list_counted(workspace: Workspace, **filters: Any) -> QuerySet[Entry]:
+    """The rows of ``entry_list`` with the same filters, to count: unsorted, with the
+    condition of the partial index that counts them fastest (``models.count_index``)."""
+    qs, statuses = _entry_rows(workspace, **filters)
+    return qs.on_index(count_index(statuses))
 
 
 def with_tag_names(entries: list[Entry]) -> list[Entry]:

@@ -24,10 +24,10 @@ from django.utils import timezone
 
 from maintenance import scoring
 from maintenance.models import MaintenancePolicy
-from maintenance.policy import PolicyValues
+from maintenance.policy import PROPOSE, PolicyValues
 from maintenance.scoring import step_salience
 from maintenance.scoring_db import rescore
-from memory import rawsql
+from memory import holds, live, rawsql
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import (
     CAUSAL_TYPES,
@@ -42,6 +42,7 @@ from memory.models import (
     EntryAccess,
     EntryType,
     FeedbackSignal,
+    HoldReason,
     KeyRole,
     LifecycleEvent,
     Membership,
@@ -288,7 +289,9 @@ def neighbour_ids(entry_ids: Iterable[int]) -> set[int]:
 # --- workspaces, members and keys ---------------------------------------------------------
 
 
-def workspace_create(*, slug: str, name: str = "") -> Workspace:
+def workspace_create(*, slug: str, name: str = "", review_mode: str | None = None) -> Workspace:
+    """A workspace with its policy row. ``review_mode`` defaults to propose (SPEC §3.1): nothing
+    is archived or tombstoned before an operator has approved it."""
     from django.core.exceptions import ValidationError
     from django.core.validators import validate_slug
 
@@ -300,7 +303,7 @@ def workspace_create(*, slug: str, name: str = "") -> Workspace:
         if Workspace.objects.filter(slug=slug).exists():
             raise Conflict(f"workspace {slug!r} already exists")
         workspace = Workspace.objects.create(slug=slug, name=name or slug)
-        MaintenancePolicy.objects.create(workspace=workspace)
+        MaintenancePolicy.objects.create(workspace=workspace, review_mode=review_mode or PROPOSE)
     return workspace
 
 
@@ -927,6 +930,10 @@ def entry_update(
         new.created_at = now
         new.updated_at = now
         new.review_kept_hash = ""
+        # An operator's hold was a decision about the old content: the new version starts free.
+        new.held_at = None
+        new.held_by = ""
+        new.hold_reason = ""
         if old.status == Status.STALE:
             # An update is activity: a stale memory that is being rewritten is in use again.
             new.status = Status.ACTIVE
@@ -987,6 +994,7 @@ def entry_tombstone(
         )
         _set_status(entry, Status.TOMBSTONED, reason=reason, actor=actor, now=now, run=run)
         _rescore(workspace, [entry.pk, *neighbour_ids([entry.pk])], now)
+        live.announce_queue(workspace.pk)  # the tombstones count, whichever door it came through
     return tombstone
 
 
@@ -1029,10 +1037,20 @@ def entry_restore(
         Tombstone.objects.filter(entry=entry, restored_at__isnull=True, purged_at__isnull=True).update(
             restored_at=now
         )
-        _set_status(entry, target, reason=reason, actor=actor, now=now)
+        _set_status(entry, target, reason=reason, actor=actor, now=now, details={"hold": HoldReason.RESTORE})
+        # The operator's decision sticks: no automatic pass takes the entry away again.
+        holds.hold(workspace, [entry.pk], reason=HoldReason.RESTORE, actor=actor, now=now, event=False)
         _rescore(workspace, [entry.pk, *neighbour_ids([entry.pk])], now)
     entry.refresh_from_db()
     return entry
+
+
+def entry_release(
+    *, workspace: Workspace, entry_id: Any, actor: str = SYSTEM_ACTOR, now: datetime | None = None
+) -> Entry:
+    """Clear an operator hold: automation may change the entry again (SPEC §3.2)."""
+    entry = _latest_for_write(workspace, entry_id)
+    return holds.release(workspace, entry, actor=actor, now=_now(now))
 
 
 def entry_set_status(
@@ -1230,6 +1248,7 @@ def entry_purge(
         if not rows:
             raise Conflict(f"entry {entry.pk} was restored or purged meanwhile; nothing was purged")
         purge_lineages(workspace, rows, now, actor=actor, automatic=False)
+        live.announce_queue(workspace.pk)
     return {
         "purged": True,
         "entry_id": rows[0]["entry_ref"],
@@ -1249,6 +1268,7 @@ __all__ = [
     "entry_purge",
     "entry_record_access",
     "entry_reinforce",
+    "entry_release",
     "entry_restore",
     "entry_set_pinned",
     "entry_tombstone",

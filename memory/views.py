@@ -22,9 +22,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 
+from maintenance.api import runs_inline
 from maintenance.models import MaintenanceRun, RunKind, RunTrigger
 from maintenance.runs import run_maintenance
 from maintenance.selectors import run_get
+from maintenance.tasks import submit_run
 from memory import charts, console_selectors, live, services
 from memory.console import Console, operator_action, workspace_page
 from memory.errors import NotFound, ServiceError
@@ -116,27 +118,36 @@ def _run_or_none(console: Console, run_id: str | None) -> MaintenanceRun | None:
 
 @operator_action
 def run_now(request: HttpRequest, console: Console) -> HttpResponse:
-    """Start a full run now, in this request. Anything but ``dry_run=0`` is a dry run: a form
-    that lost its field must not change data. For htmx, the result replaces the result area;
-    a real run also refreshes, out of band, what it changed (counts, charts, the next run).
-    The runs table is refreshed by the live update the run itself announces."""
+    """Start a full run now. Anything but ``dry_run=0`` is a dry run: a form that lost its
+    field must not change data. A real run — and a dry run of a large workspace (the API's
+    rule, ``maintenance.api.runs_inline``) — is queued for the worker, and the browser goes to
+    its run page (303; for htmx, ``HX-Redirect``), which follows it live; if another run holds
+    the workspace's lease, the run is recorded ``skipped`` and its page says so. A dry run of a
+    small workspace runs in this request: for htmx, the result replaces the result area; the
+    runs table is refreshed by the live update the run itself announces."""
     dry_run = request.POST.get("dry_run") != "0"
-    result = run_maintenance(
-        workspace=console.workspace,
-        kind=RunKind.FULL,
-        trigger=RunTrigger.UI,
-        dry_run=dry_run,
-        actor=console.actor,
-    )
+    args: dict[str, Any] = {
+        "workspace": console.workspace,
+        "kind": RunKind.FULL,
+        "trigger": RunTrigger.UI,
+        "dry_run": dry_run,
+        "actor": console.actor,
+    }
+    if not runs_inline(console.workspace, dry_run=dry_run):
+        queued = submit_run(**args).run
+        url = reverse("console:run", kwargs={"slug": console.workspace.slug, "run_id": queued.pk})
+        if request.htmx:  # type: ignore[attr-defined]
+            response = HttpResponse(status=204)
+            response["HX-Redirect"] = url
+            return response
+        return SeeOther(url)
+    result = run_maintenance(**args)
     if not request.htmx:  # type: ignore[attr-defined]
         url = reverse("console:dashboard", args=[console.workspace.slug])
         return SeeOther(f"{url}?{urlencode({'ran': result['run_id']})}#run-result")
     run = run_get(console.workspace, result["run_id"])
-    if dry_run:
-        context = {"console": console, "workspace": console.workspace, "result": run}
-        return render(request, "console/dashboard.html#run-result", context)
-    context = {**_dashboard_context(console, run), "oob": True}
-    return render(request, "console/dashboard.html#run-response", context)
+    context = {"console": console, "workspace": console.workspace, "result": run}
+    return render(request, "console/dashboard.html#run-result", context)
 
 
 # --- entries ----------------------------------------------------------------------------------
@@ -200,6 +211,9 @@ ENTRY_ACTIONS: dict[str, Callable[[Console, int], Any]] = {
     "restore": lambda console, entry_id: services.entry_restore(
         workspace=console.workspace, entry_id=entry_id, actor=console.actor
     ),
+    "release": lambda console, entry_id: services.entry_release(
+        workspace=console.workspace, entry_id=entry_id, actor=console.actor
+    ),
     "tombstone": lambda console, entry_id: services.entry_tombstone(
         workspace=console.workspace, entry_id=entry_id, reason=TombstoneReason.MANUAL, actor=console.actor
     ),
@@ -208,10 +222,10 @@ ENTRY_ACTIONS: dict[str, Callable[[Console, int], Any]] = {
 
 @operator_action
 def entry_action(request: HttpRequest, console: Console, entry_id: int, action: str) -> HttpResponse:
-    """Pin, unpin, restore or tombstone one entry. A refusal (an old version, an entry already
-    in that state) is shown on the page with its status code; for htmx the refreshed header
-    carries the message with 200, because htmx does not swap error responses and the page the
-    operator acted on was evidently out of date."""
+    """Pin, unpin, restore, release (its operator hold) or tombstone one entry. A refusal (an
+    old version, an entry already in that state) is shown on the page with its status code;
+    for htmx the refreshed header carries the message with 200, because htmx does not swap
+    error responses and the page the operator acted on was evidently out of date."""
     act = ENTRY_ACTIONS.get(action)
     if act is None:
         raise Http404(f"no action {action!r}")

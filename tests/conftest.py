@@ -13,12 +13,19 @@ def now() -> datetime:
 
 @pytest.fixture
 def workspace(db) -> Workspace:
-    return services.workspace_create(slug="acme", name="Acme")
+    # In apply review mode: most tests check what the passes themselves do. Propose mode, the
+    # default of a new workspace, has its own tests (test_proposals.py) and fixture below.
+    return services.workspace_create(slug="acme", name="Acme", review_mode="apply")
 
 
 @pytest.fixture
 def other_workspace(db) -> Workspace:
-    return services.workspace_create(slug="globex", name="Globex")
+    return services.workspace_create(slug="globex", name="Globex", review_mode="apply")
+
+
+@pytest.fixture
+def propose_workspace(db) -> Workspace:
+    return services.workspace_create(slug="initech", name="Initech")
 
 
 @pytest.fixture(autouse=True)
@@ -43,3 +50,14 @@ def _private_backup_dir(settings, tmp_path):
     # Every test writes backups into its own folder: parallel workers never share one, and no
     # test leaves files in the developer's var/backups.
     settings.BACKUP_DIR = tmp_path / "backups"
+
+
+@pytest.fixture(scope="session")
+def mcp_live(tmp_path_factory):
+    """One real server for the MCP test modules (tests/mcp_live.py), started once per test
+    process (per xdist worker) and only when a test asks for it; each module works in
+    workspaces of its own."""
+    from tests.mcp_live import SLUGS, live_server
+
+    with live_server(tmp_path_factory.mktemp("mcp"), SLUGS) as server:
+        yield server

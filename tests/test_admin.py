@@ -3,6 +3,7 @@ bulk actions go through the services (events, tombstones) and skip what they may
 
 from __future__ import annotations
 
+from datetime import date
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from maintenance.models import Backup, Dispute, MaintenanceLease, MaintenanceRun
+from maintenance.models import Backup, Dispute, MaintenanceLease, MaintenanceRun, Proposal, RunDaySummary
 from memory import services
 from memory.models import ApiKey, Entry, LifecycleEvent, Tombstone, Workspace
 
@@ -23,8 +24,15 @@ pytestmark = pytest.mark.django_db
 User = get_user_model()
 
 # LiveMessage is the transport of live updates in embedded mode (a short-lived outbox), not
-# data an operator manages.
-NOT_DOMAIN = {"memory.LiveMessage"}
+# data an operator manages; nor are the API's stored idempotent answers (24 h), a run's plan
+# scores (a temporary table of one run) or the stored hygiene verdicts (a cache of the text
+# detectors, recomputed when text or patterns change).
+NOT_DOMAIN = {
+    "memory.LiveMessage",
+    "memory.IdempotencyKey",
+    "maintenance.PlanScore",
+    "maintenance.HygieneAssessment",
+}
 DOMAIN_MODELS = sorted(
     (
         model
@@ -69,6 +77,13 @@ def populate(ws: Workspace) -> None:
     MaintenanceLease.objects.create(workspace=ws, holder="worker-1", run=run)
     Dispute.objects.create(workspace=ws, entry_a=first, entry_b=second, detected_by="sweep")
     Backup.objects.create(workspace=ws, file_name=f"{ws.slug}.jsonl.gz", reason="manual", sha256="0" * 64)
+    Proposal.objects.create(
+        workspace=ws, run=run, entry=second, entry_ref=second.pk, action="archive", reason="archived"
+    )
+    for day in (1, 2):
+        RunDaySummary.objects.create(
+            workspace=ws, day=date(2026, 11, day), kind="decay", status="succeeded", runs=144
+        )
 
 
 @pytest.fixture

@@ -675,12 +675,14 @@ def test_history_lists_the_lineages_events_newest_first(workspace, agent, operat
     with time_machine.travel(now + timedelta(hours=3), tick=False):
         agent.delete(f"/entries/{entry.pk}")
     body = agent.get(f"/entries/{entry.pk}/history").body
-    assert [(e["from_status"], e["to_status"]) for e in body["items"]] == [
-        ("active", "tombstoned"),
-        ("archived", "active"),
-        ("active", "archived"),
-        ("", "active"),
+    assert [(e["from_status"], e["to_status"], e["reason"]) for e in body["items"]] == [
+        ("active", "tombstoned", "api"),
+        ("archived", "active", "restore"),
+        ("active", "archived", "manual"),
+        ("", "active", "create"),
     ]
+    # The restore held the entry (SPEC §3.2); its own event says so.
+    assert body["items"][1]["details"] == {"hold": "restore"}
     assert (
         body["count"] == 4
         and body["items"][0]["reason"] == "api"
@@ -878,6 +880,14 @@ def test_expires_at_is_stored_in_utc(workspace, agent):
     assert response.body["expires_at"].startswith("2030-01-01T10:00:00")
     naive = agent.post("/entries", {"content": "Naive.", "expires_at": "2030-01-01T12:00:00"}).body
     assert Entry.objects.get(pk=naive["id"]).expires_at == datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def test_a_page_past_the_end_is_empty_with_the_true_count(workspace, agent):
+    for n in range(3):
+        services.entry_create(workspace=workspace, content=f"counted memory {n}")
+    for offset in (3, 10, 1000):
+        body = agent.get(f"/entries?limit=2&offset={offset}").json()
+        assert (body["items"], body["count"]) == ([], 3), offset
 
 
 def test_a_list_counts_exactly_up_to_the_bound_then_serves_a_cached_count(workspace, agent, monkeypatch):

@@ -3,8 +3,9 @@
 Every operation the schema lists at the time of the run gets generated requests, valid ones
 (positive) and invalid ones (negative), sent in-process through Django's WSGI handler with an
 admin key (so that every endpoint gets past its role check) of a workspace that holds a few
-entries, a link, a tombstone, a run and a dispute. Half the positive cases use real ids of
-that workspace in the path, so the handlers get past their lookups. Every response must:
+entries (one held), a link, a tombstone, a run, a dispute and open proposals. Half the positive
+cases use real ids of that workspace in the path, so the handlers get past their lookups. Every
+response must:
 
 - not be a 5xx (SPEC §5: never a 500 for any input; the server's exception fails the case);
 - have a status code the operation declares;
@@ -18,6 +19,7 @@ file. Together the operations make well over 1,000 requests per run
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import Counter
@@ -26,6 +28,7 @@ from typing import Any
 import pytest
 import schemathesis
 from django.core.wsgi import get_wsgi_application
+from django.utils import timezone
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
@@ -37,8 +40,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from maintenance.models import Dispute, MaintenanceRun
+from maintenance.models import Dispute, MaintenanceRun, Proposal
 from memory import services
+from memory.models import Entry
 
 # Real commits: Django's handler calls close_old_connections around every request, which on
 # PostgreSQL would close the connection holding a test's enclosing transaction.
@@ -80,6 +84,19 @@ def fuzz_world(settings, tmp_path) -> dict[str, Any]:
     dispute = Dispute.objects.create(
         workspace=workspace, entry_a=entries[0], entry_b=entries[1], detected_by="sweep"
     )
+    # Open proposals to list, approve and reject, and a hold to release.
+    for entry in entries[:3]:
+        Proposal.objects.create(
+            workspace=workspace,
+            run=run,
+            entry=entry,
+            entry_ref=entry.pk,
+            action="tombstone",
+            reason="evicted",
+            values={"retention": 0.1, "cold_threshold": 0.2},
+            why="retention 0.10 < 0.20",
+        )
+    Entry.objects.filter(pk=entries[0].pk).update(held_at=timezone.now(), held_by="fuzz", hold_reason="keep")
     other = services.workspace_create(slug="other")
     services.entry_create(workspace=other, content="another workspace's memory")
     _, key = services.api_key_create(workspace=workspace, name="fuzz", role="admin")
@@ -105,12 +122,24 @@ def _real_ids(path: str, ids: dict[str, list[int]]) -> dict[str, list[int]]:
 
 
 def _unsendable_query(query: dict[str, Any] | None) -> bool:
-    def nested(value: Any) -> bool:
-        return isinstance(value, dict) or (
-            isinstance(value, list | tuple) and any(isinstance(v, dict | list | tuple) for v in value)
-        )
+    """An object, or a list, for a query parameter: no parameter of the API takes an array
+    (test_no_query_parameter_takes_an_array), so a list reaches the server as repeated strings
+    (``tag=[False]`` is sent as ``tag=false``), a valid string the server rightly accepts while
+    schemathesis counts it as invalid data (seen in CI)."""
+    return any(isinstance(value, dict | list | tuple) for value in (query or {}).values())
 
-    return any(nested(value) for value in (query or {}).values())
+
+def test_no_query_parameter_takes_an_array() -> None:
+    """What _unsendable_query relies on: were an array parameter added, the fuzz would stop
+    sending its lists, and this says so."""
+    arrays = [
+        (method, path, param["name"])
+        for path, ops in SCHEMA.raw_schema["paths"].items()
+        for method, op in ops.items()
+        for param in op.get("parameters", [])
+        if param["in"] == "query" and "array" in json.dumps(param.get("schema", {}))
+    ]
+    assert not arrays
 
 
 def _fuzz(operation: Any, mode: GenerationMode, real: dict[str, list[int]], key: str) -> None:

@@ -14,10 +14,11 @@ from django.utils import timezone
 from maintenance.lease import acquire, new_holder
 from maintenance.models import Backup, MaintenancePolicy, MaintenanceRun
 from maintenance.policy import LIMITS
-from maintenance.runs import COUNT_KEYS
+from maintenance.runs import COUNT_KEYS, rows_done
 from maintenance.schemas import CountsOut, PolicyIn, PolicyOut
 from memory import services
 from memory.models import ApiKey, Entry, Tombstone
+from tests.helpers_runs import finish_queued
 
 pytestmark = pytest.mark.django_db
 
@@ -57,6 +58,11 @@ def member_client(workspace, role: str) -> tuple[Client, dict]:
     client.force_login(user)
     client.cookies["csrftoken"] = CSRF
     return client, {"HTTP_X_WORKSPACE": workspace.slug, "HTTP_X_CSRFTOKEN": CSRF}
+
+
+def applied(path: str, key: str, body=None) -> dict:
+    """A real run through the API: queued (202), done by the worker, read back; its result."""
+    return finish_queued(call("POST", path, key, {} if body is None else body), key)["result"]
 
 
 def make(workspace, *, age_days: float = 0.0, **fields) -> Entry:
@@ -125,14 +131,25 @@ def test_an_agent_may_not_apply_a_run(workspace, key):
 
 def test_an_operator_run_applies_by_default_after_a_backup(workspace, key, tmp_path):
     entry = cold(workspace)
-    response = call("POST", "/maintenance/run", key("operator"), {})
-    assert response.status_code == 200
-    result = response.json()
+    operator = key("operator")
+    response = call("POST", "/maintenance/run", operator, {})
+    assert response.status_code == 202
+    queued = response.json()
+    assert (queued["kind"], queued["dry_run"], queued["status"]) == ("full", False, "queued")
+    # Queued, not worked in the request: nothing changed yet, and the run says so.
+    assert status(entry) == "active"
+    assert queued["url"] == f"/api/v1/maintenance/runs/{queued['run_id']}"
+    waiting = call("GET", f"/maintenance/runs/{queued['run_id']}", operator).json()
+    assert (waiting["status"], waiting["result"], waiting["progress"]) == ("queued", {}, {})
+    run = finish_queued(response, operator)
+    result = run["result"]
     assert (result["dry_run"], result["status"]) == (False, "succeeded")
     assert status(entry) == "tombstoned"
     assert result["backup_file"].startswith("pre-prune-backup-")
     assert list(tmp_path.rglob(result["backup_file"]))
     assert MaintenanceRun.objects.get(pk=result["run_id"]).result == result
+    assert run["progress"]["phase"] == "done"
+    assert run["progress"]["rows_done"] == rows_done(result["counts"])
 
 
 def test_an_operator_may_ask_for_a_dry_run(workspace, key):
@@ -180,8 +197,9 @@ def test_a_viewer_session_cannot_run_even_a_dry_run(workspace):
 def test_an_operator_session_runs_with_csrf_and_not_without(workspace):
     client, headers = member_client(workspace, "operator")
     response = call("POST", "/maintenance/run", body={}, client=client, **headers)
-    assert response.status_code == 200
+    assert response.status_code == 202
     assert response.json()["dry_run"] is False
+    assert finish_queued(response, client=client, **headers)["status"] == "succeeded"
     assert MaintenanceRun.objects.get().actor.startswith("user:")
     no_csrf = {"HTTP_X_WORKSPACE": workspace.slug}
     response = call("POST", "/maintenance/run", body={}, client=client, **no_csrf)
@@ -189,23 +207,41 @@ def test_an_operator_session_runs_with_csrf_and_not_without(workspace):
     assert MaintenanceRun.objects.count() == 1
 
 
-def test_a_run_while_another_holds_the_lease_is_recorded_as_skipped(workspace, key):
+@pytest.mark.parametrize("path", ["/maintenance/run", "/maintenance/prune", "/maintenance/sweep-decay"])
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry", "real"])
+def test_a_run_refused_by_the_lease_answers_409_naming_the_running_run(workspace, key, path, dry_run):
+    running = MaintenanceRun.objects.create(
+        workspace=workspace, kind="full", trigger="schedule", status="running", started_at=timezone.now()
+    )
+    assert acquire(workspace, holder=new_holder(), now=timezone.now(), run=running)
+    response = call("POST", path, key("operator"), {"dry_run": dry_run})
+    assert response.status_code == 409, response.content
+    body = response.json()
+    assert body["running_run_id"] == running.pk
+    assert f"run {running.pk}" in body["detail"]
+    skipped = MaintenanceRun.objects.get(pk=body["run_id"])  # the refused run is still recorded
+    assert (skipped.status, skipped.dry_run) == ("skipped", dry_run)
+    assert MaintenanceRun.objects.get(pk=running.pk).status == "running"
+
+
+def test_a_lease_held_by_no_run_is_refused_too(workspace, key):
+    # A holder without a run row (the lease taken by hand, or its run finished meanwhile).
     assert acquire(workspace, holder=new_holder(), now=timezone.now())
-    response = call("POST", "/maintenance/run", key("operator"), {})
-    assert response.status_code == 200
-    result = response.json()
-    assert result["status"] == "skipped"
-    assert MaintenanceRun.objects.get(pk=result["run_id"]).status == "skipped"
+    response = call("POST", "/maintenance/run", key("agent"), {})
+    assert response.status_code == 409
+    body = response.json()
+    assert body["running_run_id"] is None
+    assert MaintenanceRun.objects.get(pk=body["run_id"]).status == "skipped"
 
 
 def test_the_circuit_breaker_blocks_a_mass_deletion_unless_forced(workspace, key):
     entries = [cold(workspace) for _ in range(21)]
     operator = key("operator")
-    blocked = call("POST", "/maintenance/run", operator, {}).json()
+    blocked = applied("/maintenance/run", operator)
     assert blocked["status"] == "blocked"
     assert blocked["counts"]["evicted"] == 21
     assert all(status(e) == "active" for e in entries)
-    forced = call("POST", "/maintenance/run", operator, {"force": True}).json()
+    forced = applied("/maintenance/run", operator, {"force": True})
     assert forced["status"] == "succeeded"
     assert all(status(e) == "tombstoned" for e in entries)
     assert MaintenanceRun.objects.get(pk=forced["run_id"]).forced
@@ -240,9 +276,14 @@ def test_prune_takes_the_callers_parameters_and_answers_in_the_prune_shape(works
         ["keep"],
     )
     assert [status(e) for e in (old, kept, young)] == ["active"] * 3
-    applied = call("POST", "/maintenance/prune", key("operator"), body).json()
-    assert (applied["dry_run"], applied["pruned_count"]) == (False, 1)
-    assert applied["backup_file"]
+    operator = key("operator")
+    response = call("POST", "/maintenance/prune", operator, body)
+    assert response.status_code == 202
+    assert list(response.json()) == ["run_id", "kind", "dry_run", "status", "url"]
+    done = finish_queued(response, operator)
+    assert (done["kind"], done["dry_run"], done["result"]["counts"]["pruned"]) == ("prune", False, 1)
+    assert done["backup_file"]
+    assert (done["params"]["prune_older_than_days"], done["params"]["exclude_tags"]) == (30, ["keep"])
     assert [status(e) for e in (old, kept, young)] == ["tombstoned", "active", "active"]
 
 
@@ -304,8 +345,10 @@ def test_the_decay_sweep_answers_in_the_decay_shape(workspace, key):
     assert [e["id"] for e in result["expired"]] == [expiring.pk]
     assert MaintenanceRun.objects.get(pk=result["run_id"]).kind == "decay"
     assert status(entry) == "active"
-    applied = call("POST", "/maintenance/sweep-decay", key("operator"), {}).json()
-    assert applied["dry_run"] is False
+    operator = key("operator")
+    done = finish_queued(call("POST", "/maintenance/sweep-decay", operator, {}), operator)
+    assert (done["kind"], done["dry_run"]) == ("decay", False)
+    assert [e["id"] for e in done["result"]["sweep"]["evicted"]] == [entry.pk]
     assert (status(entry), status(expiring)) == ("tombstoned", "tombstoned")
 
 
@@ -410,7 +453,7 @@ def test_runs_of_another_workspace_are_not_found(workspace, other_workspace, key
 def test_an_operator_reverts_what_a_run_did(workspace, key):
     entry = cold(workspace)
     operator = key("operator")
-    result = call("POST", "/maintenance/run", operator, {}).json()
+    result = applied("/maintenance/run", operator)
     assert status(entry) == "tombstoned"
     assert call("POST", f"/maintenance/runs/{result['run_id']}/revert", key("agent")).status_code == 403
     response = call("POST", f"/maintenance/runs/{result['run_id']}/revert", operator)
@@ -464,7 +507,7 @@ def test_tombstones_are_open_ones_with_their_countdown_unless_asked(workspace, k
 
 def test_tombstones_filter_by_run(workspace, key):
     entry = cold(workspace)
-    result = call("POST", "/maintenance/run", key("operator"), {}).json()
+    result = applied("/maintenance/run", key("operator"))
     agent = key("agent")
     data = call("GET", f"/tombstones?run_id={result['run_id']}", agent).json()
     assert [t["entry_id"] for t in data["items"]] == [entry.pk]
@@ -477,7 +520,7 @@ def test_tombstones_filter_by_run(workspace, key):
 
 def test_backups_list_the_pre_prune_backup_of_a_run(workspace, key):
     cold(workspace)
-    result = call("POST", "/maintenance/run", key("operator"), {}).json()
+    result = applied("/maintenance/run", key("operator"))
     client, headers = member_client(workspace, "viewer")
     data = call("GET", "/backups", client=client, **headers).json()
     assert data["count"] == 1
@@ -546,16 +589,43 @@ def test_everyone_reads_the_effective_policy(workspace, key):
     response = call("GET", "/policy", client=client, **headers)
     assert response.status_code == 200
     policy = response.json()
-    assert set(policy) == {*LIMITS, "exclude_tags", "residue_patterns", "updated_at"}
+    assert set(policy) == {*LIMITS, "review_mode", "exclude_tags", "residue_patterns", "updated_at"}
     assert {name: policy[name] for name in LIMITS} == {name: limit.default for name, limit in LIMITS.items()}
+    assert policy["review_mode"] == "apply"  # the fixture's workspace; a new one proposes (below)
+
+
+def test_a_new_workspace_proposes_and_holds_until_released(propose_workspace, key):
+    policy = call("GET", "/policy", key("agent", propose_workspace)).json()
+    assert (policy["review_mode"], policy["operator_hold_days"]) == ("propose", 0)
 
 
 def test_the_policy_schemas_have_every_setting_with_its_type():
     for schema in (PolicyIn, PolicyOut):
         fields = schema.model_fields
-        assert set(fields) - {"updated_at"} == {*LIMITS, "exclude_tags", "residue_patterns"}
+        assert set(fields) - {"updated_at"} == {*LIMITS, "review_mode", "exclude_tags", "residue_patterns"}
         for name, limit in LIMITS.items():
             assert ("int" if limit.integer else "float") in str(fields[name].annotation), name
+
+
+def test_an_admin_switches_the_review_mode_and_sets_the_hold_days(workspace, key):
+    admin = key("admin")
+    policy = call("PUT", "/policy", admin, {"review_mode": "propose", "operator_hold_days": 30}).json()
+    assert (policy["review_mode"], policy["operator_hold_days"]) == ("propose", 30)
+    row = MaintenancePolicy.objects.get(workspace=workspace)
+    assert (row.review_mode, row.operator_hold_days) == ("propose", 30)
+    # Clamped like every numeric setting; the mode is left alone when not sent.
+    policy = call("PUT", "/policy", admin, {"operator_hold_days": 10**6}).json()
+    assert (policy["review_mode"], policy["operator_hold_days"]) == ("propose", 3650)
+    assert call("PUT", "/policy", admin, {"review_mode": "apply"}).json()["review_mode"] == "apply"
+
+
+@pytest.mark.parametrize("mode", ["auto", "", "PROPOSE", 1, True, ["apply"]])
+def test_an_unknown_review_mode_is_refused(workspace, key, mode):
+    response = call("PUT", "/policy", key("admin"), {"review_mode": mode, "backups_keep": 9})
+    assert response.status_code == 422, response.content
+    assert "review_mode" in json.dumps(response.json()["detail"])
+    row = MaintenancePolicy.objects.get(workspace=workspace)
+    assert (row.review_mode, row.backups_keep) == ("apply", 5)
 
 
 def test_a_hand_edited_policy_reads_clamped(workspace, key):

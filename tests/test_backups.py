@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from django.apps import apps
+from django.core.files.storage import storages
 from django.core.management import CommandError, call_command
 from django.db import connection, models
 from django.test.utils import CaptureQueriesContext
@@ -27,6 +28,8 @@ from maintenance.models import (
     MaintenanceLease,
     MaintenancePolicy,
     MaintenanceRun,
+    Proposal,
+    RunDaySummary,
 )
 from memory import services
 from memory.errors import InvalidInput
@@ -36,6 +39,7 @@ from memory.models import (
     CodeAnchor,
     Entry,
     EntryAccess,
+    IdempotencyKey,
     LifecycleEvent,
     Membership,
     Relationship,
@@ -50,6 +54,7 @@ ENTRY_TAG = Entry.tags.through
 # Every table that holds a workspace's memories, listed here independently of the module.
 MODELS: dict[str, type[models.Model]] = {
     "policy": MaintenancePolicy,
+    "run": MaintenanceRun,
     "tag": Tag,
     "entry": Entry,
     "entry_tag": ENTRY_TAG,
@@ -95,6 +100,7 @@ def wipe(workspace: Workspace) -> None:
     Entry.objects.filter(workspace=workspace).delete()
     Tag.objects.filter(workspace=workspace).delete()
     MaintenancePolicy.objects.filter(workspace=workspace).delete()
+    MaintenanceRun.objects.filter(workspace=workspace).delete()
     assert all(not rows_of(m, workspace).exists() for m in MODELS.values())
 
 
@@ -156,8 +162,16 @@ def populate(workspace: Workspace, now: datetime) -> dict[str, Any]:
     return {"first": first, "latest": latest, "second": second, "link": link, "run": run}
 
 
+def folder(workspace: Workspace) -> Path:
+    """The workspace's folder of the default backups storage (a FileSystemStorage on
+    BACKUP_DIR)."""
+    path = Path(storages["backups"].path(workspace.slug))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def backup_path(backup: Backup) -> Path:
-    return backups.backup_dir(backup.workspace) / backup.file_name
+    return folder(backup.workspace) / backup.file_name
 
 
 def read_lines(path: Path) -> list[bytes]:
@@ -215,12 +229,8 @@ def test_a_deleted_workspace_is_created_again_with_its_slug_name_and_ids(workspa
     restored = Workspace.objects.get(slug="acme")
     assert result["created_workspace"] is True
     assert restored.pk != workspace.pk
-    # The runs are gone, so references to them come back empty; everything else is identical.
-    for name in ("relationship", "tombstone", "event", "dispute"):
-        for row in before[name]:
-            for column in ("run_id", "pruned_by_run_id"):
-                if column in row:
-                    row[column] = None
+    # The runs come back with the rest, so every reference to them holds: identical.
+    assert before["run"] and any(row["run_id"] for row in before["tombstone"])
     assert dump(restored) == before
     assert list(export_records(restored)) == exported
 
@@ -262,7 +272,10 @@ def test_a_backup_holds_every_row_of_its_workspace_and_none_of_another(workspace
 
 def test_every_table_of_a_workspace_is_in_the_backup_or_deliberately_left_out():
     # A new model with a workspace must be added to the backup (or to this list, knowingly).
-    left_out = {Membership, ApiKey, MaintenanceRun, MaintenanceLease, Backup}
+    # Proposals are left out: the next run of a restored workspace proposes anew. Stored
+    # idempotent answers are transport (24 h), not the workspace's data. The per-day counts of
+    # folded runs are a summary of history already dropped, not data a restore needs.
+    left_out = {Membership, ApiKey, MaintenanceLease, Backup, Proposal, IdempotencyKey, RunDaySummary}
     scoped = {
         m
         for m in apps.get_models()
@@ -272,8 +285,8 @@ def test_every_table_of_a_workspace_is_in_the_backup_or_deliberately_left_out():
     assert set(MODELS.values()) == {k.model for k in backups.KINDS}
 
 
-def test_every_reference_of_a_backed_up_row_points_inside_the_backup_or_at_a_run():
-    inside = {k.model for k in backups.KINDS} | {Workspace, MaintenanceRun}
+def test_every_reference_of_a_backed_up_row_points_inside_the_backup():
+    inside = {k.model for k in backups.KINDS} | {Workspace}
     for kind in backups.KINDS:
         for f in kind.model._meta.concrete_fields:
             if f.is_relation:
@@ -387,6 +400,40 @@ def test_an_id_held_by_another_workspace_refuses_the_restore_even_with_force(wor
     assert (dump(workspace), dump(other_workspace)) == before
 
 
+def test_a_run_that_finished_after_the_backup_is_left_as_it_is_without_force(workspace, now):
+    # A pre-prune backup is written in the middle of its run: the run's row in the file says
+    # "running", the database's says how it ended. Runs are history: never overwritten.
+    made = populate(workspace, now)
+    path = backup_path(backups.write_backup(workspace, now=now))
+    MaintenanceRun.objects.filter(pk=made["run"].pk).update(
+        status="succeeded", finished_at=now + timedelta(minutes=5), counts={"pruned": 1}
+    )
+    before = dump(workspace)
+
+    result = backups.restore_backup(path)
+
+    assert (result["restored"]["run"], result["overwritten"]["run"]) == (0, 0)
+    assert dump(workspace) == before
+
+
+def test_a_run_whose_id_another_workspace_holds_is_not_restored_and_nothing_points_at_it(
+    workspace, other_workspace, now
+):
+    made = populate(workspace, now)
+    path = backup_path(backups.write_backup(workspace, now=now))
+    wipe(workspace)
+    MaintenanceRun.objects.create(pk=made["run"].pk, workspace=other_workspace, kind="decay", trigger="cli")
+
+    result = backups.restore_backup(path)
+
+    assert result["restored"]["run"] == 0
+    assert MaintenanceRun.objects.get(pk=made["run"].pk).workspace_id == other_workspace.pk
+    for name in ("tombstone", "event", "dispute"):
+        assert not rows_of(MODELS[name], workspace).filter(run_id=made["run"].pk).exists(), name
+    links = Relationship.objects.filter(from_entry__workspace=workspace)
+    assert not links.filter(pruned_by_run__isnull=False).exists()
+
+
 def test_a_backup_is_restored_only_into_its_own_workspace(workspace, other_workspace, now):
     path = backup_path(backups.write_backup(workspace, now=now))
 
@@ -483,7 +530,7 @@ def test_pre_prune_backups_are_named_by_utc_time_and_only_the_newest_are_kept(wo
     kept = [b.file_name for b in backups.list_backups(workspace) if b.reason == "pre-prune"]
     assert kept == [f"pre-prune-backup-20261129T12{m:02d}00Z.jsonl.gz" for m in (6, 5, 4, 3, 2)]
     assert all(backups.BACKUP_NAME_RE.match(name) for name in kept)
-    on_disk = sorted(p.name for p in backups.backup_dir(workspace).iterdir())
+    on_disk = sorted(p.name for p in folder(workspace).iterdir())
     assert on_disk == sorted([*kept, *(b.file_name for b in manual)])
     assert Backup.objects.filter(workspace=workspace, reason="manual").count() == 2
 
@@ -528,7 +575,7 @@ def test_a_serialisation_failure_midway_leaves_no_file_and_no_row(workspace, mon
         backups.write_backup(workspace, now=now)
 
     assert calls == 50
-    assert list(backups.backup_dir(workspace).iterdir()) == []
+    assert list(folder(workspace).iterdir()) == []
     assert not Backup.objects.exists()
 
 
@@ -541,7 +588,7 @@ def test_a_failure_to_record_the_backup_removes_its_file(workspace, monkeypatch,
     with pytest.raises(BackupError, match="No space left on device"):
         backups.write_backup(workspace, now=now)
 
-    assert list(backups.backup_dir(workspace).iterdir()) == []
+    assert list(folder(workspace).iterdir()) == []
 
 
 def test_cleanup_keeps_the_newest_backups_of_any_reason(workspace, now):
@@ -557,7 +604,7 @@ def test_cleanup_keeps_the_newest_backups_of_any_reason(workspace, now):
     ]
     left = [b.file_name for b in backups.list_backups(workspace)]
     assert left == ["manual-backup-20261129T150000Z.jsonl.gz", "pre-prune-backup-20261129T140000Z.jsonl.gz"]
-    assert sorted(p.name for p in backups.backup_dir(workspace).iterdir()) == sorted(left)
+    assert sorted(p.name for p in folder(workspace).iterdir()) == sorted(left)
     with pytest.raises(InvalidInput):
         backups.cleanup_backups(workspace, 0)
 
@@ -630,7 +677,7 @@ def test_restore_backup_finds_a_bare_name_in_the_workspaces_folder(workspace, no
     data = run_json("restore_backup", backup.file_name, "--workspace", "acme")
 
     assert data["workspace"] == "acme"
-    assert data["file"] == str(backup_path(backup))
+    assert data["file"] == f"acme/{backup.file_name}"  # its name in the backups storage
     assert data["restored"]["entry"] == len(before["entry"])
     assert dump(workspace) == before
 
@@ -654,8 +701,8 @@ def test_progress_hears_of_every_row_written_and_read(workspace, now):
     import_journal(workspace=workspace, path=SAMPLE_PATH, now=now)
     written: list[int] = []
     backup = backups.write_backup(workspace, reason="manual", now=now, progress=written.append)
-    _, _, trailer = backups.read_backup(backups.backup_dir(workspace) / backup.file_name)
+    _, _, trailer = backups.read_backup(folder(workspace) / backup.file_name)
     assert sum(written) == sum(trailer["counts"].values()) + 1  # + the header line
     read: list[int] = []
-    backups.read_backup(backups.backup_dir(workspace) / backup.file_name, progress=read.append)
+    backups.read_backup(folder(workspace) / backup.file_name, progress=read.append)
     assert sum(read) == (sum(trailer["counts"].values()) + 2) // backups.READ_CHUNK * backups.READ_CHUNK

@@ -1,4 +1,4 @@
-"""create_workspace, add_member, create_api_key and revoke_api_key (SPEC §7)."""
+"""create_workspace (with --review-mode), add_member, create_api_key and revoke_api_key (SPEC §7)."""
 
 from __future__ import annotations
 
@@ -54,8 +54,25 @@ def test_it_prints_the_workspace_as_json():
     data = run_json("create_workspace", "initech")
 
     workspace = Workspace.objects.get(slug="initech")
-    assert data == {"slug": "initech", "name": "initech", "id": workspace.pk}
-    assert list(data) == ["slug", "name", "id"]
+    assert data == {"slug": "initech", "name": "initech", "id": workspace.pk, "review_mode": "propose"}
+    assert list(data) == ["slug", "name", "id", "review_mode"]
+
+
+def test_a_new_workspace_proposes_unless_asked_to_apply():
+    # SPEC §3.1: propose is the default; apply must be asked for.
+    output = run("create_workspace", "initech")
+    assert MaintenancePolicy.for_workspace(Workspace.objects.get(slug="initech")).review_mode == "propose"
+    assert "manage.py proposals --workspace initech" in output
+    output = run("create_workspace", "globex", "--review-mode", "apply")
+    assert MaintenancePolicy.for_workspace(Workspace.objects.get(slug="globex")).review_mode == "apply"
+    assert "revert_run" in output
+    assert run_json("create_workspace", "umbrella", "--review-mode", "propose")["review_mode"] == "propose"
+
+
+def test_it_refuses_an_unknown_review_mode():
+    with pytest.raises(CommandError, match="review-mode"):
+        run("create_workspace", "initech", "--review-mode", "later")
+    assert not Workspace.objects.exists()
 
 
 def test_it_refuses_an_existing_slug(workspace):
@@ -210,8 +227,17 @@ def test_it_stores_only_the_hash_of_the_key(workspace):
 
 def test_it_rejects_an_unknown_key_role(workspace):
     with pytest.raises(CommandError, match="role"):
-        run("create_api_key", workspace="acme", role="viewer", name="x")
+        run("create_api_key", workspace="acme", role="owner", name="x")
     assert not ApiKey.objects.exists()
+
+
+def test_a_viewer_key_reads_and_cannot_write(workspace, client):
+    raw = run_json("create_api_key", workspace="acme", role="viewer", name="dashboard", json=True)["key"]
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
+    assert client.get("/api/v1/stats", **auth).status_code == 200
+    refused = client.post("/api/v1/entries", {"content": "x"}, content_type="application/json", **auth)
+    assert refused.status_code == 403 and "needs the agent role" in refused.json()["detail"]
+    assert not workspace.entries.exists()
 
 
 def test_it_rejects_an_empty_key_name(workspace):

@@ -15,10 +15,12 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from maintenance.lease import acquire, new_holder
 from maintenance.models import MaintenanceRun, RunStatus
 from maintenance.runs import run_maintenance
 from memory import charts, console_selectors, services
 from memory.models import Entry, LifecycleEvent, Status, Workspace
+from tests.helpers_runs import work_queued_runs
 
 pytestmark = pytest.mark.django_db
 
@@ -281,26 +283,67 @@ def test_the_dashboard_ignores_a_run_of_another_workspace(client, workspace, oth
     assert [r.status_code for r in odd] == [200] * 4
 
 
-def test_an_operator_run_now_applies_the_changes(client, workspace):
+def test_an_operator_run_now_queues_the_run_and_opens_its_page(client, workspace):
     doomed = cold(workspace)
     as_role(client, workspace, "operator")
 
     response = client.post(run_url(workspace), {"dry_run": "0"}, **HX)
 
-    assert response.status_code == 200
     run = MaintenanceRun.objects.get()
-    assert (run.dry_run, run.status) == (False, RunStatus.SUCCEEDED)
+    page = f"/console/{workspace.slug}/runs/{run.pk}/"
+    # Queued for the worker, not run in the request; htmx is sent to the run's page.
+    assert response.status_code == 204
+    assert response["HX-Redirect"] == page
+    assert (run.dry_run, run.status, run.trigger) == (False, RunStatus.QUEUED, "ui")
+    assert reload(doomed).status == Status.ACTIVE
+    waiting = html(client.get(page))
+    assert "waiting for a worker" in waiting and 'data-status="queued"' in waiting
+    assert work_queued_runs() == [run.pk]
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED
     assert reload(doomed).status == Status.TOMBSTONED
-    body = html(response)
-    assert "<html" not in body
-    assert body.lstrip().startswith('<div id="run-result"')
-    assert "<strong>Run" in body
-    # What the run changed is refreshed out of band; the runs table comes by live update.
-    assert '<section id="status-counts" class="panel" hx-swap-oob="true">' in body
-    assert re.search(r'tombstones"><span class="stat-n">1</span> <span class="stat-label">tombstoned', body)
-    assert '<div class="charts" id="charts" hx-swap-oob="true">' in body
-    assert '<div id="next-run" hx-swap-oob="true">' in body
-    assert 'id="live-runs"' not in body
+    done = html(client.get(page))
+    assert '<span class="badge status-succeeded">succeeded</span>' in done
+    assert "Revert this run" in done
+
+
+def test_without_javascript_run_now_redirects_to_the_run_page(client, workspace):
+    cold(workspace)
+    as_role(client, workspace, "operator")
+
+    response = client.post(run_url(workspace), {"dry_run": "0"})
+
+    run = MaintenanceRun.objects.get()
+    assert response.status_code == 303
+    assert response["Location"] == f"/console/{workspace.slug}/runs/{run.pk}/"
+    assert run.status == RunStatus.QUEUED
+
+
+def test_run_now_while_another_run_holds_the_workspace_records_it_skipped(client, workspace):
+    holder = MaintenanceRun.objects.create(workspace=workspace, kind="decay", trigger="schedule")
+    assert acquire(workspace, holder=new_holder(), now=timezone.now(), run=holder)
+    as_role(client, workspace, "operator")
+
+    response = client.post(run_url(workspace), {"dry_run": "0"})
+
+    run = MaintenanceRun.objects.exclude(pk=holder.pk).get()
+    assert response["Location"] == f"/console/{workspace.slug}/runs/{run.pk}/"
+    assert (run.status, run.dry_run) == (RunStatus.SKIPPED, False)
+    body = html(client.get(response["Location"]))
+    assert "another run holds this workspace&#x27;s lease" in body
+
+
+def test_a_dry_run_now_of_a_large_workspace_is_queued_too(client, workspace, settings):
+    cold(workspace)
+    cold(workspace)
+    settings.MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES = 1
+    as_role(client, workspace, "operator")
+
+    response = client.post(run_url(workspace), {"dry_run": "1"}, **HX)
+
+    run = MaintenanceRun.objects.get()
+    assert (run.dry_run, run.status) == (True, RunStatus.QUEUED)
+    assert response["HX-Redirect"] == f"/console/{workspace.slug}/runs/{run.pk}/"
 
 
 def test_a_run_request_without_its_field_is_a_dry_run(client, workspace):
@@ -477,6 +520,12 @@ def test_tombstone_and_restore_through_the_page_are_recorded_with_the_operator(c
     assert reload(entry).status == Status.ACTIVE
     event = LifecycleEvent.objects.filter(entry=entry).latest("pk")
     assert (event.to_status, event.reason, event.actor) == ("active", "restore", f"user:{user.username}")
+    # The restore sticks: its event names the operator hold, shown on the page with Release.
+    assert event.details == {"hold": "restore"}
+    page = html(client.get(entry_url(workspace, entry)))
+    assert f"Held by <strong>user:{user.username}</strong>" in page
+    assert f"{entry_url(workspace, entry)}release/" in page
+    assert "+ hold (restore)" in page
 
 
 def test_an_entry_tombstoned_by_a_run_shows_the_run_and_can_be_restored(client, workspace):
@@ -667,4 +716,5 @@ def test_the_pages_take_a_constant_number_of_queries(client, workspace, other_wo
     big = queries(client, url(other_workspace, big_hub))
 
     assert small == big
-    assert big <= {"dashboard": 11, "entries": 8, "entry": 12}[page]  # +1: the live review counts
+    # +1: the live review counts; the entry page +2: the hold's policy, the open proposals.
+    assert big <= {"dashboard": 11, "entries": 8, "entry": 14}[page]

@@ -1,4 +1,5 @@
-"""The demo workspace of `make run`: loaded once, recent enough that maintenance does work."""
+"""The demo workspace of `make run`: loaded once, recent enough that maintenance does work, and
+in propose mode, so its first run's changes wait for an operator's approval."""
 
 from io import StringIO
 
@@ -6,8 +7,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
+from maintenance import proposals
+from maintenance.models import MaintenancePolicy, Proposal
 from maintenance.runs import run_maintenance
-from memory.models import Entry, Membership, Workspace
+from memory.models import Entry, LifecycleEvent, Membership, Workspace
 
 pytestmark = pytest.mark.django_db
 
@@ -26,10 +29,32 @@ def test_the_demo_is_created_once_with_an_operator_who_can_log_in(settings, tmp_
     assert Membership.objects.get(user=user, workspace=workspace).role == "admin"
 
 
-def test_the_demo_gets_a_real_first_run_not_a_blocked_one(settings, tmp_path):
+def test_the_demos_first_run_proposes_and_archives_or_tombstones_nothing(settings, tmp_path):
     settings.BACKUP_DIR = tmp_path
-    call_command("setup_demo", stdout=StringIO())
-    result = run_maintenance(workspace=Workspace.objects.get(slug="demo"), dry_run=True)
-    assert result["status"] == "succeeded"
-    assert result["counts"]["evicted"] > 0
+    out = StringIO()
+    call_command("setup_demo", stdout=out)
+    assert "manage.py proposals --workspace demo" in out.getvalue()
+    workspace = Workspace.objects.get(slug="demo")
+    assert MaintenancePolicy.for_workspace(workspace).review_mode == "propose"
+
+    result = run_maintenance(workspace=workspace)
+
+    # What a newcomer sees first: changes waiting for approval, not a thinned-out workspace.
+    assert result["status"] == "proposed"
+    assert result["counts"]["evicted"] > 0 and result["counts"]["low_quality_archived"] > 0
+    assert result["affected"]["archived"] == result["affected"]["tombstoned"] == []
+    assert not Entry.objects.filter(workspace=workspace, status__in=["archived", "tombstoned"]).exists()
+    assert not LifecycleEvent.objects.filter(
+        workspace=workspace, to_status__in=["archived", "tombstoned"]
+    ).exists()
+    assert proposals.open_count(workspace) == result["proposed"]["archive"] + result["proposed"]["tombstone"]
+    assert {g["reason"] for g in proposals.counts_by_reason(workspace)} >= {"evicted", "low_quality_archived"}
+    # Stale marking still applies in propose mode (SPEC §3.1): the demo shows real work.
     assert result["counts"]["stale_marked"] > 0
+    # Approving everything at once stays below the circuit breaker: no --force for a newcomer.
+    assert not result["breaker"]["would_trip"]
+    approved = proposals.approve(workspace, all=True, actor="user:operator")
+    assert len(approved["applied"]) == Proposal.objects.filter(status="approved").count() > 0
+    assert (
+        Entry.objects.filter(workspace=workspace, status="tombstoned").count() == result["counts"]["evicted"]
+    )

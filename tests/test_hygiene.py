@@ -533,12 +533,41 @@ def test_keep_hides_until_the_content_changes(workspace, other_workspace, now):
 
 
 def test_order_is_score_then_age_then_id(workspace, now):
-    low = make(workspace, now, GOOD, source="import", age_days=50)  # 1
+    low = make(workspace, now, "brief remark", source="import", age_days=50)  # 3
     mid_new = make(workspace, now, "short note", age_days=5)  # 2
     mid_old = make(workspace, now, "other note", age_days=9)  # 2
     high = make(workspace, now, JUNK, age_days=1)  # 4
     tie_a = make(workspace, now, "third note", age_days=9)  # 2, same created_at as mid_old
-    assert ids(workspace) == [high.pk, mid_old.pk, tie_a.pk, mid_new.pk, low.pk]
+    assert ids(workspace) == [high.pk, low.pk, mid_old.pk, tie_a.pk, mid_new.pk]
+
+
+def test_an_entry_is_a_candidate_only_from_score_two(workspace, now):
+    # SPEC §4.4: legacy_import (1) alone never lists an entry, nor does code_heavy (1) alone;
+    # together (2) they do, and legacy_import adds to the other reasons.
+    imported = make(workspace, now, GOOD, source="import")
+    code = make(workspace, now, f"{GOOD} Use `alpha` and `bravo` here.")
+    both = make(workspace, now, f"{GOOD} Use `charlie` and `delta` now.", source="import")
+    short = make(workspace, now, "short note", source="import")
+    listed = {c["id"]: c["score"] for c in queue(workspace)["candidates"]}
+    assert listed == {both.pk: 2, short.pk: 3}
+    assert imported.pk not in {c.id for c in hygiene.candidates(workspace)}
+    assert code.pk not in listed
+    assert hygiene.apply(workspace, [imported.pk], actor="user:ann") == {
+        "archived": [],
+        "skipped": [imported.pk],
+    }
+
+
+def test_an_imported_journal_is_not_a_queue_of_every_entry(workspace):
+    from memory import journal
+
+    counts = journal.import_journal(workspace=workspace, path=journal.SAMPLE_PATH)
+    found = hygiene.candidates(workspace)
+    assert counts.created == 300
+    # Every entry of the journal carries legacy_import (the whole journal was listed before);
+    # only those with another reason are candidates.
+    assert 0 < len(found) < counts.created
+    assert all(c.score >= 2 and any(r.code != "legacy_import" for r in c.reasons) for c in found)
 
 
 def test_limit_offset_and_count(workspace, now):
@@ -555,6 +584,7 @@ def test_preview_query_count_does_not_grow_with_entries(workspace, now):
         Entry.objects.filter(workspace=workspace).delete()
         for i in range(n):
             make(workspace, now, f"note {i}" if i % 2 else JUNK)
+        queue(workspace)  # assesses every entry and stores the verdicts
         with CaptureQueriesContext(connection) as ctx:
             result = queue(workspace)
         assert result["count"] == n
@@ -562,6 +592,43 @@ def test_preview_query_count_does_not_grow_with_entries(workspace, now):
 
     small = queries(10)
     assert queries(200) == small <= 6
+
+
+def test_stored_assessments_are_reused_until_title_content_or_patterns_change(workspace, now, monkeypatch):
+    junk = make(workspace, now, JUNK, title="notes")
+    plain = make(workspace, now, GOOD, title="plain")
+    first = queue(workspace)
+    assessed = []
+    real = hygiene.text_reasons
+
+    def counting(title, content, patterns):
+        assessed.append(title)
+        return real(title, content, patterns)
+
+    monkeypatch.setattr(hygiene, "text_reasons", counting)
+    assert queue(workspace) == first and assessed == []  # nothing assessed again
+    # A new title (same content: changed in place) is assessed again, and only that entry.
+    services.entry_update(workspace=workspace, entry_id=plain.pk, title="an implementation plan")
+    again = queue(workspace)
+    assert assessed == ["an implementation plan"]
+    assert plain.pk in [c["id"] for c in again["candidates"]]
+    # New residue patterns: every entry is assessed again, with them.
+    MaintenancePolicy.objects.filter(workspace=workspace).update(residue_patterns=[r"\bnotes\b"])
+    assessed.clear()
+    listed = {c["id"]: c for c in queue(workspace)["candidates"]}
+    assert sorted(assessed) == ["an implementation plan", "notes"]
+    assert plain.pk not in listed  # the default patterns no longer apply
+    assert "implementation_residue" in [r["code"] for r in listed[junk.pk]["reasons"]]
+    # What is stored is exactly what the detectors say.
+    fresh = {
+        e.pk: hygiene.assess(
+            title=e.title, content=e.content, source=e.source, patterns=hygiene._policy(workspace)[1]
+        )
+        for e in Entry.objects.filter(pk__in=listed)
+    }
+    assert {pk: [r["code"] for r in c["reasons"]] for pk, c in listed.items()} == {
+        pk: [r.code for r in reasons] for pk, reasons in fresh.items()
+    }
 
 
 # --- apply -----------------------------------------------------------------------------------

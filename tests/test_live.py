@@ -4,7 +4,9 @@ only after commit, and without ever breaking the run that announces."""
 
 import asyncio
 import logging
+import re
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
@@ -16,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from maintenance.models import Dispute, MaintenanceRun
-from maintenance.runs import run_maintenance
+from maintenance.runs import run_maintenance, steps
 from memory import events, live, services
 from memory.consumers import WorkspaceLiveConsumer, WorkspaceMembershipMiddleware
 from memory.events import Relay, publish_html
@@ -133,16 +135,52 @@ def test_an_applied_run_also_sends_the_review_counts(workspace, member):
         communicator = _communicator(member, workspace.slug)
         await communicator.connect()
         await sync_to_async(run_maintenance)(workspace=workspace)
-        await communicator.receive_from(timeout=2)  # started
-        finished = await communicator.receive_from(timeout=2)
+        messages = await _until_ended(communicator)
         await communicator.disconnect()
-        return finished
+        return messages
 
-    finished = scenario()
+    messages = scenario()
+    finished = messages[-1]
     assert '<span id="live-queue"' in finished
     counts = live.queue_counts(workspace)
     assert f'data-automatic="{counts["automatic"]}"' in finished
     assert f'data-tombstones="{counts["tombstones"]}"' in finished
+
+
+async def _until_ended(communicator: Any, limit: int = 100) -> list[str]:
+    """The messages up to the one that says the run ended (its progress fragment)."""
+    messages: list[str] = []
+    while len(messages) < limit:
+        messages.append(await communicator.receive_from(timeout=2))
+        if 'data-ended="1"' in messages[-1]:
+            return messages
+    raise AssertionError(f"no end of the run in {limit} messages")
+
+
+def test_a_run_pushes_its_progress_once_per_pass_to_its_page(workspace, member):
+    old = timezone.now() - timedelta(days=400)
+    _entry(workspace, "An old unimportant note about the lunch menu", created_at=old)
+
+    @async_to_sync
+    async def scenario():
+        communicator = _communicator(member, workspace.slug)
+        await communicator.connect()
+        result = await sync_to_async(run_maintenance)(workspace=workspace, kind="decay")
+        messages = await _until_ended(communicator)
+        await communicator.disconnect()
+        return result, messages
+
+    result, messages = scenario()
+    run_id = result["run_id"]
+    fragment = f'<div id="run-progress-{run_id}"'
+    assert fragment in messages[0] and 'data-status="running"' in messages[0]  # started
+    passes = [m for m in messages[1:-1] if fragment in m]
+    keys = [key for key, _ in steps("decay")]
+    # The apply phase's passes, in order (the plan's happen inside its transaction: not pushed).
+    applying = [re.search(r"<code>(\w+)</code>", m).group(1) for m in passes if "applying" in m]
+    assert applying == keys
+    assert "rows done so far" in passes[-1]
+    assert fragment in messages[-1] and 'data-status="succeeded"' in messages[-1]
 
 
 def test_the_live_runs_fragment_lists_the_last_ten_runs_in_one_query(workspace, django_assert_num_queries):
@@ -168,8 +206,9 @@ def test_the_queue_counts_open_disputes_tombstones_and_recent_automatic_changes(
     services.entry_tombstone(workspace=workspace, entry_id=gone.pk, actor="user:vera")
     _entry(other_workspace, "Another workspace's note")
 
-    assert live.queue_counts(workspace) == {"disputes": 1, "tombstones": 1, "automatic": 0}
-    assert live.queue_counts(other_workspace) == {"disputes": 0, "tombstones": 0, "automatic": 0}
+    nothing = dict.fromkeys(live.QUEUE_KEYS, 0)
+    assert live.queue_counts(workspace) == {**nothing, "disputes": 1, "tombstones": 1}
+    assert live.queue_counts(other_workspace) == nothing
     html = live.render_queue(workspace.pk)
     assert html.lstrip().startswith('<span id="live-queue"')
     assert "1 dispute" in html and "1 tombstone" in html and "0 automatic changes" in html

@@ -36,6 +36,8 @@ SPEC_TABLE = {
     "consolidation_min_age_days": (14, 1, 365),
     "max_tombstone_fraction": (0.5, 0.01, 1),
     "backups_keep": (5, 1, 100),
+    "operator_hold_days": (0, 0, 3650),
+    "audit_retention_days": (730, 0, 3650),
 }
 # Settings counted in whole units (days, seconds, hours, entries, files).
 INTEGER_SETTINGS = {
@@ -77,7 +79,19 @@ def test_model_field_defaults_equal_the_spec_table(name):
 
 
 def test_policy_values_has_a_field_for_every_limit_and_exclude_tags():
-    assert {f.name for f in fields(PolicyValues)} == {*LIMITS, "exclude_tags"}
+    assert {f.name for f in fields(PolicyValues)} == {*LIMITS, "exclude_tags", "review_mode"}
+
+
+def test_a_new_workspace_proposes_and_an_unknown_review_mode_reads_as_propose(db):
+    assert PolicyValues().review_mode == "propose"
+    ws = services.workspace_create(slug="fresh")
+    row = MaintenancePolicy.objects.get(workspace=ws)
+    assert row.review_mode == "propose" and row.values().proposes
+    row.review_mode = "yolo"
+    row.save()
+    assert MaintenancePolicy.objects.get(workspace=ws).review_mode == "propose"
+    assert PolicyValues.from_mapping({"review_mode": "apply"}).review_mode == "apply"
+    assert PolicyValues.from_mapping({"review_mode": ["apply"]}).review_mode == "propose"
 
 
 # --- clamp_value ---------------------------------------------------------------------------------
@@ -319,7 +333,7 @@ def test_the_row_values_are_the_clamped_policy_values(workspace):
     row = MaintenancePolicy.objects.get(workspace=workspace)
     row.hard_delete_older_than_days = 20
     row.save()
-    assert row.values() == PolicyValues(hard_delete_older_than_days=20)
+    assert row.values() == PolicyValues(hard_delete_older_than_days=20, review_mode="apply")
     assert row.values().purge_grace_days == 20
 
 

@@ -33,12 +33,15 @@ from memory.models import Entry, LifecycleEvent, Tombstone
 from tests.helpers_subprocess import (
     helper,
     manage,
+    postgres_database,
     start_helper,
     start_manage,
     subprocess_env,
 )
 
 ALIAS = "run_safety"
+# These tests check what runs change, so their workspaces apply; a new workspace proposes.
+APPLY = ("--review-mode", "apply")
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 BATCH = 5
 # Statuses in lifecycle order: an automatic event's entry is where the event left it or later.
@@ -61,39 +64,13 @@ COUNT_OF = {
 # --- the database of this module ---------------------------------------------------------------
 
 
-def _postgres_database(name: str) -> tuple[str, Callable[[], None]]:
-    """Create database ``name`` on the suite's PostgreSQL server; its URL and a dropper."""
-    import psycopg
-    from psycopg import sql
-
-    conf = connection.settings_dict
-    params = {
-        "host": conf["HOST"] or None,
-        "port": conf["PORT"] or None,
-        "user": conf["USER"] or None,
-        "password": conf["PASSWORD"] or None,
-    }
-    params = {k: v for k, v in params.items() if v}
-    with psycopg.connect(dbname="postgres", autocommit=True, **params) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-
-    def drop() -> None:
-        with psycopg.connect(dbname="postgres", autocommit=True, **params) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-    auth = conf["USER"] + (f":{conf['PASSWORD']}" if conf["PASSWORD"] else "") + "@" if conf["USER"] else ""
-    host = conf["HOST"] or "localhost"
-    port = f":{conf['PORT']}" if conf["PORT"] else ""
-    return f"postgres://{auth}{host}{port}/{name}", drop
-
-
 @pytest.fixture(scope="module")
 def safety_db(tmp_path_factory, django_db_blocker) -> Iterator[dict[str, str]]:
     """A migrated database other processes can reach, registered here as ALIAS."""
     folder = tmp_path_factory.mktemp("run_safety")
     drop: Callable[[], None] | None = None
     if connection.vendor == "postgresql":
-        url, drop = _postgres_database(f"ms_safety_{uuid.uuid4().hex[:12]}")
+        url, drop = postgres_database(f"ms_safety_{uuid.uuid4().hex[:12]}")
     else:
         url = f"sqlite:///{folder / 'db.sqlite3'}"
     env = subprocess_env(url, folder / "backups")
@@ -232,7 +209,7 @@ def test_two_concurrent_maintain_processes_do_the_work_once(safety_db):
     slug = "lease-race"
     # Relative to the real clock: `manage.py maintain` runs at the real now.
     now = timezone.now().replace(microsecond=0)
-    helper(["seed", "--workspace", slug, "--entries", "3000", "--now", now.isoformat()], safety_db)
+    helper(["seed", "--workspace", slug, "--entries", "3000", "--now", now.isoformat(), *APPLY], safety_db)
     args = ["maintain", "--workspace", slug, "--json"]
 
     with _reaped(start_manage(args, safety_db)) as first:
@@ -308,7 +285,7 @@ def test_a_run_killed_at_any_point_leaves_no_half_applied_batch_and_the_next_run
     print(f"RUN_SAFETY_SEED={seed}")
     killed, reference = "killed", "reference"
     for slug in (killed, reference):
-        helper(["seed", "--workspace", slug, "--entries", "400", "--now", NOW.isoformat()], safety_db)
+        helper(["seed", "--workspace", slug, "--entries", "400", "--now", NOW.isoformat(), *APPLY], safety_db)
     assert _statuses(killed) and _statuses(killed).keys() == _statuses(reference).keys()
 
     expected = json.loads(helper(_run_args(reference), safety_db))
@@ -371,7 +348,7 @@ def test_a_run_killed_at_any_point_leaves_no_half_applied_batch_and_the_next_run
 def test_a_process_finding_the_lease_held_records_a_skipped_run(safety_db):
     slug = "lease-held"
     now = timezone.now().replace(microsecond=0)
-    helper(["seed", "--workspace", slug, "--entries", "50", "--now", now.isoformat()], safety_db)
+    helper(["seed", "--workspace", slug, "--entries", "50", "--now", now.isoformat(), *APPLY], safety_db)
     workspace_id = _entries().filter(workspace__slug=slug).values_list("workspace_id", flat=True).first()
     MaintenanceLease.objects.using(ALIAS).update_or_create(
         workspace_id=workspace_id, defaults={"holder": "another-machine", "renewed_at": timezone.now()}

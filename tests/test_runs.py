@@ -123,6 +123,31 @@ def test_decay_never_touches_protected_or_high_value_entries(workspace, now):
     assert status(victim) == "tombstoned"
 
 
+def test_an_entry_a_newer_one_evolved_from_is_absorbed_not_high_value(workspace, now):
+    """A consolidation (or a compaction's retrospective) links ``evolves_from`` to what it was
+    drawn from: that incoming link does not keep the source from decaying. Any other link, and
+    the newer entry's own outgoing evolves_from, still make an entry high value."""
+    absorbed = make(workspace, now, age_days=200)
+    referenced = make(workspace, now, age_days=200)
+    for target, kind in ((absorbed, "evolves_from"), (referenced, "references")):
+        services.entry_create(
+            workspace=workspace,
+            content=f"a semantic note drawn from {target.pk}",
+            tier="semantic",
+            links=[{"to_id": target.pk, "type": kind}],
+            now=now,
+        )
+    newer = make(workspace, now, age_days=200)
+    older = make(workspace, now, age_days=1)
+    services.relationship_create(
+        workspace=workspace, from_id=newer.pk, to_id=older.pk, type="evolves_from", now=now
+    )
+    result = run(workspace, now)
+    assert status(absorbed) == "tombstoned"
+    assert (status(referenced), status(newer)) == ("stale", "stale")
+    assert result["affected"]["tombstoned"] == [absorbed.pk]
+
+
 # --- ttl (pass 10) --------------------------------------------------------------------------
 
 
@@ -253,6 +278,39 @@ def test_archive_older_than_uses_a_strict_importance_threshold(workspace, now):
     assert Entry.objects.get(pk=low.pk).importance == pytest.approx(0.15 * (1 - 31 / 90))
     assert status(young) == "active"
     assert result["counts"]["archived"] == 1
+
+
+def test_the_plan_decides_on_fresh_scores_without_rewriting_the_stored_ones(workspace, now):
+    """The plan scores into a temporary table: no UPDATE of memory_entry's scores, yet it decides
+    on the scores at ``now`` (not the stale stored ones), exactly as the real run does."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    policy(workspace, archive_older_than_days=30, importance_threshold=0.15, cold_threshold=0.3)
+    low = make(workspace, now, age_days=31)  # 0.15 × (1 − 31/90) at `now`: below the threshold
+    # Retention e^(−0.02 × 200) ≈ 0.02 at `now`; importance 0.45 × 0.3 × 1.5 ≈ 0.2: not archived.
+    cold = make(workspace, now, age_days=200, impact_score=0.45, validation_status="passed")
+    # Stored scores that say otherwise (as if last refreshed long ago): the run must not use them.
+    Entry.objects.filter(pk__in=[low.pk, cold.pk]).update(importance=0.9, retention=0.9)
+    with CaptureQueriesContext(connection) as plan:
+        dry = run(workspace, now, dry_run=True)
+    rescored = [q["sql"] for q in plan.captured_queries if 'SET "importance"' in q["sql"]]
+    assert rescored == []  # no score written to the entries, not even to roll it back
+    assert any("maintenance_planscore" in q["sql"] for q in plan.captured_queries)
+    assert Entry.objects.get(pk=low.pk).importance == 0.9  # untouched
+    assert dry["counts"]["scored"] == 2
+    assert dry["affected"]["archived"] == [low.pk]
+    assert dry["affected"]["tombstoned"] == [cold.pk]
+    evicted = run(workspace, now, kind="decay", dry_run=True)["sweep"]["evicted"]
+    assert [e["id"] for e in evicted] == [cold.pk]
+    assert evicted[0]["retention"] < 0.3  # the retention at `now`, not the stored 0.9
+
+    real = run(workspace, now)
+    assert real["counts"] == dry["counts"]
+    assert real["affected"] == dry["affected"]
+    assert Entry.objects.get(pk=low.pk).importance == pytest.approx(0.15 * (1 - 31 / 90))
+    assert Entry.objects.get(pk=cold.pk).retention == pytest.approx(evicted[0]["retention"], abs=1e-12)
+    assert status(low) == "archived" and status(cold) == "tombstoned"
 
 
 # --- prune (pass 8) and the partial prune run ------------------------------------------------
@@ -580,3 +638,39 @@ def test_a_second_run_at_the_same_now_keeps_a_guard_given_by_a_link_the_first_ru
     assert status(cold) == "active"
     later = run(workspace, now + timedelta(hours=1))
     assert later["counts"]["evicted"] == 1  # an hour later the link no longer protects it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_plan_renews_its_lease_from_a_side_connection_on_postgresql(monkeypatch, now, settings, tmp_path):
+    """The plan is one transaction, rolled back: a renewal inside it would be rolled back too,
+    so on PostgreSQL it renews from a connection of its own (a plan longer than the lease's TTL
+    keeps the lease). SQLite's plan holds the database's write lock: no other writer anyway."""
+    import time
+
+    from django.db import connection
+
+    from maintenance import lease, passes
+    from maintenance.models import MaintenanceLease
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only: on SQLite no other connection can write during the plan")
+    settings.BACKUP_DIR = tmp_path / "backups"
+    ws = services.workspace_create(slug="long-plan", name="Long plan", review_mode="apply")
+    make(ws, now, age_days=400)
+    monkeypatch.setattr(lease, "KEEP_ALIVE_EVERY", 0.0)
+    seen = []
+    original = passes.mark_stale
+
+    def slow(ctx):
+        if ctx.planning:
+            before = MaintenanceLease.objects.get(workspace=ws).renewed_at
+            time.sleep(0.05)
+            ctx.heartbeat()
+            # Read committed: the plan's own connection sees the side connection's commit.
+            seen.append((before, MaintenanceLease.objects.get(workspace=ws).renewed_at))
+        return original(ctx)
+
+    monkeypatch.setattr(passes, "mark_stale", slow)
+    result = run_maintenance(workspace=ws, now=now, dry_run=True)
+    assert result["status"] == "succeeded"
+    assert len(seen) == 1 and seen[0][1] > seen[0][0]

@@ -397,29 +397,74 @@ def _workspaces(count, now, *, maintained):
     return made
 
 
+def _work(captured: list[dict[str, str]]) -> list[str]:
+    """The statements of a dispatch but its transaction and its turn: the savepoint and its
+    release (the test runs in a transaction already) and, on PostgreSQL, the advisory lock,
+    which must be the first statement of the transaction."""
+    sql = [q["sql"].strip() for q in captured]
+    control = [q for q in sql if q.upper().startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
+    assert len(control) == 2, sql
+    sql = [q for q in sql if q not in control]
+    if connection.vendor == "postgresql":
+        assert "pg_advisory_xact_lock" in sql[0], sql
+        sql = sql[1:]
+    return sql
+
+
 @pytest.mark.parametrize("count", [3, 30])
-def test_a_dispatch_with_nothing_due_costs_two_queries_whatever_the_workspaces(
-    count, now, django_assert_num_queries
-):
+def test_a_dispatch_with_nothing_due_costs_three_queries_whatever_the_workspaces(count, now):
     _workspaces(count, now, maintained=True)
 
-    with django_assert_num_queries(2):
+    with CaptureQueriesContext(connection) as ctx:
         result = tasks.dispatch_due_maintenance(now=now)
 
+    work = _work(ctx.captured_queries)
+    # One UPDATE gives up queued runs no worker started (maintenance.runs.fail_lost_queued),
+    # then the two reads.
+    assert len(work) == 3
+    assert work[0].upper().startswith('UPDATE "MAINTENANCE_MAINTENANCERUN"')
     assert result == {"enqueued": [], "checked": count}
 
 
 @pytest.mark.parametrize("count", [3, 30])
-def test_a_dispatch_costs_two_queries_plus_one_insert_per_enqueued_task(count, now):
+def test_a_dispatch_costs_three_queries_plus_one_insert_per_enqueued_task(count, now):
     _workspaces(count, now, maintained=False)
 
     with CaptureQueriesContext(connection) as ctx:
         result = tasks.dispatch_due_maintenance(now=now)
 
     assert len(result["enqueued"]) == 2 * count
-    selects = [q for q in ctx.captured_queries if q["sql"].lstrip().upper().startswith("SELECT")]
+    work = _work(ctx.captured_queries)
+    selects = [q for q in work if q.upper().startswith("SELECT")]
     assert len(selects) == 2
-    assert len(ctx.captured_queries) == 2 + 2 * count
+    assert len(work) == 3 + 2 * count
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite runs one writer at a time itself")
+@pytest.mark.django_db(transaction=True)
+def test_two_dispatchers_at_once_enqueue_each_due_run_once(now):
+    """Two clusters' dispatches (or one delivered twice) at the same moment: without taking
+    turns both read an empty queue and both enqueue every run."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    _workspaces(5, now, maintained=False)
+    barrier = threading.Barrier(2)
+
+    def dispatch(_: int) -> int:
+        try:
+            barrier.wait()
+            return len(tasks.dispatch_due_maintenance(now=now)["enqueued"])
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(2) as pool:
+        enqueued = sorted(pool.map(dispatch, range(2)))
+
+    assert enqueued == [0, 10]
+    assert len(tasks.queued_runs()) == OrmQ.objects.count() == 10
 
 
 # --- the scheduled run -----------------------------------------------------------------------------

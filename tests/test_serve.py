@@ -51,7 +51,7 @@ def server(tmp_path_factory):
         stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # a loaded machine: django, channels and the MCP SDK to import
     while time.monotonic() < deadline:
         try:
             urllib.request.urlopen(f"{base}/api/v1/health", timeout=1)
@@ -101,6 +101,23 @@ def test_its_unknown_api_paths_and_methods_answer_json(server):
     except urllib.error.HTTPError as refused:
         assert refused.code == 405 and refused.headers["Content-Type"] == "application/json"
         assert "GET" in refused.headers["Allow"] and set(json.loads(refused.read())) == {"detail"}
+
+
+def test_it_serves_the_mcp_endpoint_in_the_same_process(server):
+    # The ASGI root ran the lifespan (the MCP session manager): /mcp answers, asking for a key.
+    request = urllib.request.Request(
+        f"{server['base']}/mcp",
+        data=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}',
+        method="POST",
+        headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream"},
+    )
+    try:
+        urllib.request.urlopen(request, timeout=5)
+        raise AssertionError("/mcp answered without a key")
+    except urllib.error.HTTPError as refused:
+        assert refused.code == 401 and "resource_metadata=" in refused.headers["WWW-Authenticate"]
+    metadata = json.loads(_get(f"{server['base']}/.well-known/oauth-protected-resource/mcp").read())
+    assert metadata["resource"].endswith("/mcp")
 
 
 def test_it_serves_admin_with_its_static_files(server):

@@ -1,4 +1,20 @@
-"""Django's PostgreSQL backend, reading ``timestamptz`` with psycopg's compiled loader.
+"""Django's PostgreSQL backend, made safe across ``fork`` and reading ``timestamptz`` with
+psycopg's compiled loader.
+
+**Fork.** django-q2 forks its workers, monitor and pusher from a process that has used the
+database; Django's psycopg pool (a class attribute of the backend) and any open connection
+come along. Two processes talking over one PostgreSQL session interleave their protocol
+messages: "the last operation didn't produce records", "prepared statement "_pg3_0" already
+exists" (psycopg numbers its prepared statements per connection, and both processes count
+from the same state), "can't change 'autocommit' now". q2 calls ``connections.close_all()``
+before it forks, but with the pool that hands the connection back to the pool, which the child
+inherits idle. So in every child, right after the fork, the inherited pools and connections
+are forgotten: the child opens its own on first use. They are not closed there: closing
+would send PostgreSQL a Terminate message on a socket the parent still uses. They are kept
+referenced for the life of the child, so that no finaliser ever runs on them (multiprocessing's
+children leave through ``os._exit``).
+
+**Timestamps.**
 
 Django registers its own loader for ``timestamptz`` (``psycopg_any.BaseTzLoader``): psycopg's
 pure-Python loader plus a ``replace(tzinfo=...)``, ~6 us per value on the benchmark machine,
@@ -13,6 +29,7 @@ psycopg's pure-Python implementation, leaves Django's loader in place.
 from __future__ import annotations
 
 import datetime
+import os
 from typing import Any
 
 import psycopg
@@ -56,3 +73,25 @@ class DatabaseWrapper(base.DatabaseWrapper):
             context.register_loader("timestamptz", UTCTimestamptzLoader)
             params["context"] = context
         return params
+
+
+# What a forked child inherited from its parent and must never use nor finalise (see above).
+_INHERITED: list[Any] = []
+
+
+def _forget_inherited_connections() -> None:
+    from django.db import connections
+
+    pools: dict[str, Any] = base.DatabaseWrapper._connection_pools  # type: ignore[attr-defined]
+    if pools:
+        _INHERITED.append(dict(pools))
+        pools.clear()
+    # The thread that forked is the only one the child has; its connections are the ones
+    # Django would reuse.
+    for wrapper in connections.all(initialized_only=True):
+        if wrapper.vendor == "postgresql" and wrapper.connection is not None:
+            _INHERITED.append(wrapper.connection)
+            wrapper.connection = None
+
+
+os.register_at_fork(after_in_child=_forget_inherited_connections)

@@ -12,6 +12,10 @@ downloads a browser). Without it, or without the ``playwright`` package, these t
 with a message saying so.
 
 Every page a test visits is saved as ``var/screenshots/<name>.png`` (git-ignored).
+
+Every browser context reports each Content-Security-Policy violation of its pages (the
+``securitypolicyviolation`` event, and Chromium's console message for those no page event
+tells): a test during which any page met one fails (``no_csp_violation``, autouse).
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers_subprocess import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
@@ -51,11 +56,17 @@ document.addEventListener('htmx:wsOpen', () => { window.__liveOpen = true; });
 document.addEventListener('htmx:wsClose', () => { window.__liveOpen = false; });
 """
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Every CSP violation any page of any context meets, as the page saw it, in order.
+CSP_VIOLATIONS: list[dict[str, Any]] = []
+_csp_reported = 0  # how many of them a test has failed on already
+CSP_PROBE = """
+document.addEventListener('securitypolicyviolation', (e) => {
+  window.__reportCspViolation({
+    page: location.href, directive: e.violatedDirective, blocked: e.blockedURI,
+    source: `${e.sourceFile}:${e.lineNumber}`, sample: e.sample,
+  });
+});
+"""
 
 
 @dataclass
@@ -113,7 +124,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     _requirements()
     tmp = tmp_path_factory.mktemp("browser")
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.update(
         DATABASE_URL=f"sqlite:///{tmp / 'db.sqlite3'}",
@@ -156,7 +167,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         _stop(proc)
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: while Playwright's sync API is open it keeps an event loop
+# registered in the main thread, and every later test on the same worker then meets Django's
+# SynchronousOnlyOperation on its first database call outside pytest-django (seen in CI after
+# the browser tests: the run-safety and stop tests' own connections). Closed when the worker
+# leaves this package; opened again should it come back.
+@pytest.fixture(scope="package")
 def browser(server: Server) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
@@ -166,11 +182,36 @@ def browser(server: Server) -> Iterator[Any]:
         chromium.close()
 
 
+def _page_violation(violation: dict[str, Any]) -> None:
+    CSP_VIOLATIONS.append(violation)
+
+
+def _console_violation(message: Any) -> None:
+    # htmx reports its own errors (e.g. htmx:oobErrorNoTarget: a live fragment with no target
+    # on the page) on the console: a page that meets one fails the test too.
+    if "Content Security Policy" in message.text or message.text.startswith("htmx:"):
+        CSP_VIOLATIONS.append({"page": message.page.url if message.page else "?", "console": message.text})
+
+
 def new_context(browser: Any, server: Server) -> Any:
     context = browser.new_context(base_url=server.base, viewport={"width": 1280, "height": 900})
     context.set_default_timeout(10_000)
+    context.expose_function("__reportCspViolation", _page_violation)
+    context.on("console", _console_violation)
+    context.add_init_script(CSP_PROBE)
     context.add_init_script(WS_PROBE)
     return context
+
+
+@pytest.fixture(autouse=True)
+def no_csp_violation() -> Iterator[None]:
+    """Fails the test if a page met a CSP violation since the last test checked (the session's
+    login included)."""
+    global _csp_reported
+    yield
+    new = CSP_VIOLATIONS[_csp_reported:]
+    _csp_reported = len(CSP_VIOLATIONS)
+    assert not new, f"Content-Security-Policy violations or htmx errors: {json.dumps(new, indent=1)}"
 
 
 def log_in(page: Any, server: Server, *, next_path: str = "/console/") -> None:
@@ -182,7 +223,7 @@ def log_in(page: Any, server: Server, *, next_path: str = "/console/") -> None:
     page.wait_for_url(f"**{next_path}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def logged_in(browser: Any, server: Server) -> Iterator[Any]:
     """A browser context whose session cookie belongs to the seeded operator (logged in once)."""
     context = new_context(browser, server)
@@ -197,7 +238,15 @@ def logged_in(browser: Any, server: Server) -> Iterator[Any]:
 def page(logged_in: Any) -> Iterator[Any]:
     page = logged_in.new_page()
     yield page
+    flush_reports(page)
     page.close()
+
+
+def flush_reports(page: Any) -> None:
+    """Let the page's last violation reports reach CSP_VIOLATIONS before it closes: they
+    travel the same connection as this round trip, ahead of it."""
+    if not page.is_closed():
+        page.evaluate("0")
 
 
 def shot(page: Any, name: str) -> Path:
@@ -210,4 +259,6 @@ def shot(page: Any, name: str) -> Path:
 
 def wait_live(page: Any) -> None:
     """Until the page's live websocket is open (htmx's ws extension fired htmx:wsOpen)."""
-    page.wait_for_function("window.__liveOpen === true", timeout=10_000)
+    # A function, not an expression: Playwright evaluates a bare expression with the page's
+    # eval, which the Content-Security-Policy refuses.
+    page.wait_for_function("() => window.__liveOpen === true", timeout=10_000)

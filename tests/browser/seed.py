@@ -19,6 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 USERNAME = "steward"
+ADMIN_USERNAME = "admin"  # a superuser with the same password: the admin pages' tests
 OLD_NOTES = [
     "Lunch menu of the offsite in spring: pasta, salad and fruit",
     "The coffee machine on the third floor was descaled on a Monday",
@@ -41,12 +42,15 @@ def seed(password: str) -> dict[str, Any]:
     from maintenance.models import Dispute, MaintenancePolicy
     from maintenance.runs import run_maintenance
     from memory import services
+    from memory.models import Entry
 
     now = timezone.now()
     user = get_user_model().objects.create_user(USERNAME, password=password)
+    get_user_model().objects.create_superuser(ADMIN_USERNAME, password=password)
 
-    def workspace(slug: str, name: str) -> Any:
-        ws = services.workspace_create(slug=slug, name=name)
+    def workspace(slug: str, name: str, review_mode: str = "apply") -> Any:
+        # Apply mode unless a scenario is about approval: most scenarios review what a run did.
+        ws = services.workspace_create(slug=slug, name=name, review_mode=review_mode)
         services.membership_set(workspace=ws, user=user, role="operator")
         for text in KEEPERS:
             services.entry_create(workspace=ws, content=f"{text} ({slug})", source="operator")
@@ -64,7 +68,7 @@ def seed(password: str) -> dict[str, Any]:
         policy.prune_older_than_days = 3650
         policy.save()
 
-    out: dict[str, Any] = {"username": USERNAME}
+    out: dict[str, Any] = {"username": USERNAME, "admin": ADMIN_USERNAME}
 
     workspace("live", "Live updates")
     queue = workspace("queue", "Live queue")
@@ -72,6 +76,10 @@ def seed(password: str) -> dict[str, Any]:
     old_notes(queue)
     dry = workspace("dryrun", "Dry run")
     old_notes(dry)
+    # "Run now" queues a run; its page follows the worker doing it.
+    run_now = workspace("runnow", "Run now")
+    archives_old_notes(run_now)
+    old_notes(run_now)
 
     hyg = workspace("hygiene", "Hygiene")
     out["hygiene"] = [
@@ -96,6 +104,26 @@ def seed(password: str) -> dict[str, Any]:
         workspace=dis, entry_a_id=a.pk, entry_b_id=b.pk, detected_by="sweep", similarity=0.8
     )
     out["dispute"] = {"id": dispute.pk, "a": a.pk, "b": b.pk}
+
+    # Propose mode: a run proposes to tombstone the five old notes (decay) and to archive a
+    # stale runbook; nothing is changed until an operator approves.
+    appr = workspace("approve", "Approve", review_mode="propose")
+    out["approve_cold"] = old_notes(appr)
+    runbook = services.entry_create(
+        workspace=appr,
+        title="Runbook: rotate the staging certificates",
+        content="Rotate the staging certificates with the vault CLI, then restart the ingress pods.",
+        created_at=now - timedelta(days=500),
+        now=now - timedelta(days=500),
+    )
+    Entry.objects.filter(pk=runbook.pk).update(status="stale", status_changed_at=now - timedelta(days=200))
+    out["approve_stale"] = runbook.pk
+    out["approve_run"] = run_maintenance(workspace=appr, trigger="cli")
+
+    # Apply mode: a run tombstoned the old notes; the browser restores one and runs again.
+    held = workspace("holds", "Holds")
+    out["holds_entries"] = old_notes(held)
+    out["holds_run"] = run_maintenance(workspace=held, trigger="cli")
     return out
 
 

@@ -1,6 +1,7 @@
-"""In a real browser: logging in, a dry run from the dashboard, and runs made by other
-processes — ``manage.py maintain`` and a django-q2 worker — appearing on an open dashboard
-without a reload (embedded mode: no Redis, the outbox relay carries them)."""
+"""In a real browser: logging in, a dry run from the dashboard, "Run now" opening the run's page
+which follows the django-q2 worker doing it, and runs made by other processes —
+``manage.py maintain`` and a django-q2 worker — appearing on an open dashboard without a reload
+(embedded mode: no Redis, the outbox relay carries them)."""
 
 from __future__ import annotations
 
@@ -49,9 +50,11 @@ def test_a_dry_run_from_the_dashboard_shows_what_a_run_would_do(page):
     result = page.locator("#run-result")
     expect(result).to_contain_text(re.compile(r"Dry run\s+#\d+:\s+succeeded"))
     expect(result).to_contain_text("what a run now would do")
-    # The five old notes would go (how depends on the policy); every entry is scored.
-    expect(result.locator("li", has_text="scored")).to_contain_text("8")
-    expect(result.locator("li")).not_to_have_count(1)
+    # The five old notes would go (how depends on the policy); every entry is scored, a metric
+    # shown apart from the changes.
+    expect(result.locator(".metrics")).to_contain_text("scored 8")
+    expect(result.locator("li", has_text="scored")).to_have_count(0)
+    expect(result.locator("li").first).to_be_visible()
     # The live table got the run too (sent by this web process over the websocket).
     row = page.locator("#live-runs tbody tr").first
     expect(row).to_contain_text("dry run")
@@ -70,6 +73,41 @@ def _open_dashboard(page, slug: str) -> None:
 
 def _assert_not_reloaded(page) -> None:
     assert page.evaluate("window.__notReloaded") == "still the same page"
+
+
+def _stop(cluster) -> None:
+    cluster.terminate()
+    deadline = time.monotonic() + 15
+    while cluster.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def test_run_now_opens_the_run_page_which_follows_the_worker_live(page, server):
+    page.goto("/console/runnow/")
+    wait_live(page)
+    page.once("dialog", lambda dialog: dialog.accept())  # "Run maintenance now? …"
+    page.get_by_role("button", name="Run now", exact=True).click()
+
+    # Queued, not run in the request: the browser is on the run's page, which says so.
+    expect(page).to_have_url(re.compile(r"/console/runnow/runs/\d+/$"))
+    expect(page.locator(".run-progress")).to_contain_text("Queued")
+    expect(page.locator("#run h1 .badge").first).to_have_text("queued")
+    wait_live(page)
+    page.evaluate("window.__notReloaded = 'still the same page'")
+    shot(page, "run-page-queued")
+
+    cluster = server.start("qcluster")  # the worker, another process: its pushes come by the outbox
+    try:
+        expect(page.locator("#run h1 .badge").first).to_have_text("succeeded", timeout=30_000)
+        expect(page.locator(".run-progress")).to_contain_text(re.compile(r"Ended:\s+succeeded"))
+        # The finished run's page, without a reload: counts, affected entries, revert.
+        expect(page.locator("#affected-archived .count")).to_have_text("5")
+        expect(page.locator("#run-counts tr", has_text="archived").first).to_contain_text("5")
+        expect(page.get_by_role("button", name="Revert this run")).to_be_visible()
+    finally:
+        _stop(cluster)
+    _assert_not_reloaded(page)
+    shot(page, "run-page-live-end")
 
 
 def test_a_run_of_another_process_appears_on_the_open_dashboard(page, server):

@@ -48,6 +48,11 @@ def test_archiving_a_hygiene_candidate_takes_its_row_out_of_the_queue(page, serv
     expect(rows).to_have_count(before - 1)
     expect(page.locator("#console-notice")).to_contain_text(f"Archived 1 entry (#{entry_id})")
     expect(page.locator("#review-count-hygiene")).to_have_text(str(before - 1))
+    # The panel's summary follows (it once kept the count from before the action).
+    left = before - 1
+    expect(page.locator("#review-panel p.summary")).to_contain_text(
+        f"{left} candidate{'' if left == 1 else 's'}"
+    )
     _assert_not_reloaded(page)
     shot(page, "review-hygiene-archived")
 
@@ -98,6 +103,8 @@ def test_restoring_a_tombstone_from_the_queue(page, server):
     expect(row).to_have_count(0)
     expect(page.locator("#console-notice")).to_contain_text(f"Restored 1 entry (#{entry_id})")
     expect(page.locator("#review-count-tombstones")).to_have_text("0")
+    expect(page.locator("#review-panel p.summary")).to_contain_text("0 open tombstones")
+    expect(page.locator("#review-panel tr.empty")).to_have_text("No open tombstones.")
     _assert_not_reloaded(page)
     shot(page, "review-tombstones-restored")
 
@@ -129,7 +136,10 @@ def test_resolving_a_dispute_side_by_side(page, server):
 
 
 def test_every_console_page_renders(page, server):
-    """A screenshot of each page, and no page answers an error."""
+    """A screenshot of each page, and no page answers an error; nor does any resource a page
+    loads (the favicon was a 404 on every page)."""
+    failed: list[str] = []
+    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
     run_id = server.seed["revert_run"]["run_id"]
     entry_id = server.seed["revert_entries"][0]
     pages = {
@@ -148,3 +158,7 @@ def test_every_console_page_renders(page, server):
         assert response is not None and response.status == 200, f"{path}: {response and response.status}"
         expect(page.locator("main h1").first).to_be_visible()
         shot(page, name)
+    page.goto("/admin/")  # pages without the console's icon link ask for /favicon.ico
+    icon = page.request.get("/favicon.ico")
+    assert icon.ok and icon.headers["content-type"].startswith("image/svg"), icon.status
+    assert not failed, failed

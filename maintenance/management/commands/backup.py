@@ -10,7 +10,7 @@ from memory.management.commands._base import WorkspaceCommand, service_errors
 
 
 class Command(WorkspaceCommand):
-    help = "Write a manual backup of a workspace into BACKUP_DIR/<slug>/."
+    help = "Write a manual backup of a workspace into the backups storage (BACKUP_DIR/<slug>/ by default)."
 
     def handle(self, *args: Any, **options: Any) -> None:
         workspace = self.get_workspace(options["workspace"])
@@ -26,10 +26,11 @@ class Command(WorkspaceCommand):
                 }
             )
             return
-        path = backups.backup_dir(workspace) / backup.file_name
+        path = backups.stored_name(workspace.slug, backup.file_name)
         self.stdout.write(
             self.style.SUCCESS(
-                f"Wrote {path} ({backup.entry_count} entries, {backup.size_bytes} bytes, "
+                f"Wrote {path} to the backups storage ({backup.entry_count} entries, "
+                f"{backup.size_bytes} bytes, "
                 f"sha256 {backup.sha256})."
             )
         )

@@ -1,9 +1,17 @@
+"""``manage.py hygiene --workspace SLUG``: the hygiene queue (SPEC §4.4) with each candidate's
+content excerpt, filtered by ``--recommendation`` and ``--reason`` as the console's tab is (the
+same selector); ``--apply ID...`` archives candidates, ``--keep ID...`` keeps entries."""
+
+import re
 from typing import Any
 
 from django.core.management.base import CommandParser
 
 from maintenance import hygiene
+from maintenance.console_selectors import hygiene_queue, hygiene_reason_codes, hygiene_rows
 from memory.management.commands._base import WorkspaceCommand
+
+LINE_CHARS = 70
 
 
 class Command(WorkspaceCommand):
@@ -20,6 +28,10 @@ class Command(WorkspaceCommand):
         action.add_argument(
             "--keep", nargs="+", type=int, metavar="ID", help="Keep these entries out of the queue."
         )
+        parser.add_argument("--recommendation", choices=["archive", "review"], help="Only these candidates.")
+        parser.add_argument(
+            "--reason", choices=hygiene_reason_codes(), help="Only candidates with this reason."
+        )
         parser.add_argument("--limit", type=int, default=50, help="Candidates to show (default 50).")
         parser.add_argument("--offset", type=int, default=0, help="Candidates to skip (default 0).")
 
@@ -32,7 +44,13 @@ class Command(WorkspaceCommand):
             result = hygiene.keep(workspace, options["keep"], actor="cli")
             self._report(result, "kept", options["json"])
         else:
-            preview = hygiene.preview(workspace, limit=options["limit"], offset=options["offset"])
+            preview = queue(
+                workspace,
+                recommendation=options["recommendation"],
+                reason=options["reason"],
+                limit=options["limit"],
+                offset=options["offset"],
+            )
             if options["json"]:
                 self.emit_json(preview)
             else:
@@ -47,14 +65,52 @@ class Command(WorkspaceCommand):
         self.stdout.write(f"{done}: {ids}\nskipped: {skipped}")
 
 
+def queue(
+    workspace: Any, *, recommendation: str | None, reason: str | None, limit: int, offset: int
+) -> dict[str, Any]:
+    """One page of the candidates matching the filters, in the shape of ``hygiene.preview``
+    (``count`` = the matching candidates; ``total`` = all candidates of the queue)."""
+    total, matching = hygiene_queue(workspace, recommendation=recommendation, reason=reason)
+    start = max(offset, 0)
+    rows = hygiene_rows(matching[start : start + max(limit, 0)])
+    return {
+        "count": len(matching),
+        "total": total,
+        "candidates": [
+            {
+                "id": r["id"],
+                "title": r["title"],
+                "content_excerpt": r["excerpt"],
+                **{k: r[k] for k in ("entry_type", "source", "created_at", "access_count", "score")},
+                "reasons": r["reasons"],
+                "recommendation": r["recommendation"],
+            }
+            for r in rows
+        ],
+    }
+
+
+def _line(title: str, content: str) -> str:
+    text = re.sub(r"\s+", " ", f"{title} — {content}" if title else content).strip()
+    return text if len(text) <= LINE_CHARS else text[: LINE_CHARS - 1].rstrip() + "…"
+
+
 def table(preview: dict[str, Any], offset: int = 0) -> str:
     rows = preview["candidates"]
+    filtered = preview["count"] != preview.get("total", preview["count"])
+    of = (
+        f"{preview['count']} matching candidates (of {preview['total']})"
+        if filtered
+        else (f"{preview['count']} candidates")
+    )
     if not rows:
-        return f"{preview['count']} candidates; none on this page"
-    lines = [f"{'id':>8}  {'score':>5}  {'recommend':<9}  reasons"]
+        return f"{of}; none on this page"
+    lines = [f"{'id':>8}  {'score':>5}  {'recommend':<9}  entry / reasons"]
     for c in rows:
         reasons = "; ".join(f"{r['code']} ({r['detail']})" for r in c["reasons"])
-        lines.append(f"{c['id']:>8}  {c['score']:>5}  {c['recommendation']:<9}  {reasons}")
+        entry = f"{_line(c['title'], c['content_excerpt'])} ({c['entry_type']}, {c['source']})"
+        lines.append(f"{c['id']:>8}  {c['score']:>5}  {c['recommendation']:<9}  {entry}")
+        lines.append(f"{'':>8}  {'':>5}  {'':<9}  {reasons}")
     first = max(offset, 0) + 1
-    lines.append(f"{first}–{first + len(rows) - 1} of {preview['count']} candidates")
+    lines.append(f"{first}–{first + len(rows) - 1} of {of}")
     return "\n".join(lines)

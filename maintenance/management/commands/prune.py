@@ -46,6 +46,6 @@ class Command(WorkspaceCommand):
         if options["json"]:
             self.emit_json(prune_result(result))
         else:
-            self.stdout.write(summary(result))
+            self.stdout.write(summary(result, command="prune"))
         if result["status"] == RunStatus.FAILED:
             raise CommandError(f"run {result['run_id']} failed: see its error in the run history")

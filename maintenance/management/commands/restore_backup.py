@@ -13,8 +13,8 @@ from memory.management.commands._base import WorkspaceCommand, service_errors
 
 class Command(WorkspaceCommand):
     help = (
-        "Restore a workspace from a backup file (a path, or a bare file name inside the "
-        "workspace's backup folder when --workspace is given). Verifies the checksum first, "
+        "Restore a workspace from a backup of the backups storage (its name SLUG/FILE, or a "
+        "bare file name with --workspace) or from a local copy of one (a path). Verifies the checksum first, "
         "runs in one transaction and never deletes rows; refuses to overwrite rows changed "
         "after the backup unless --force, and always refuses ids held by another workspace."
     )
@@ -23,13 +23,15 @@ class Command(WorkspaceCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         super().add_arguments(parser)
-        parser.add_argument("file", metavar="FILE", help="Backup file (path or bare name).")
+        parser.add_argument(
+            "file", metavar="FILE", help="Backup: SLUG/FILE or FILE of the storage, or a path."
+        )
         parser.add_argument(
             "--force", action="store_true", help="Overwrite rows changed after the backup was taken."
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        path = backups.resolve_backup_path(options["file"], options["workspace"])
+        path = backups.resolve_backup(options["file"], options["workspace"])
         with service_errors(), row_progress("reading backup", enabled=not options["json"]) as progress:
             result = backups.restore_backup(
                 path, workspace_slug=options["workspace"], force=options["force"], progress=progress

@@ -30,6 +30,6 @@ class Command(WorkspaceCommand):
         if options["json"]:
             self.emit_json(decay_result(result))
         else:
-            self.stdout.write(summary(result))
+            self.stdout.write(summary(result, command="sweep_decay"))
         if result["status"] == RunStatus.FAILED:
             raise CommandError(f"run {result['run_id']} failed: see its error in the run history")

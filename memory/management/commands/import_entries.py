@@ -1,4 +1,8 @@
-"""Import a journal JSONL file (SPEC §7) into an existing workspace; safe to run again."""
+"""Import a journal JSONL file (SPEC §7) into an existing workspace; safe to run again.
+
+The summary ends with what maintenance will do with the import: in a propose-mode workspace
+(the default) its runs only propose, so nothing imported is archived or tombstoned before an
+operator has seen and approved a proposal."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from maintenance.models import MaintenancePolicy
 from memory import journal
 from memory.management.commands._base import WorkspaceCommand
 
@@ -84,3 +89,17 @@ class Command(WorkspaceCommand):
             self.stdout.write(self.style.WARNING(f"Skipped invalid records{more}:"))
             for error in counts.errors:
                 self.stdout.write(f"  {error}")
+        if MaintenancePolicy.for_workspace(workspace).proposes:
+            self.stdout.write(
+                "Review mode propose: maintenance will propose archives and tombstones for these "
+                "entries and change none of them until you approve "
+                f"(manage.py proposals --workspace {workspace.slug})."
+            )
+        else:
+            self.stdout.write(
+                self.style.WARNING(
+                    "Review mode apply: the next maintenance run archives and tombstones at once "
+                    "(the scheduler starts one within minutes); check it first with manage.py maintain "
+                    f"--workspace {workspace.slug} --dry-run, or switch the workspace to propose."
+                )
+            )

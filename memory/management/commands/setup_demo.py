@@ -1,7 +1,9 @@
 """Create the demo workspace, its sample memories and a local operator login (idempotent).
 
 `make run` calls this on every start: the first time it prints a generated password once;
-afterwards it only says the demo is already there.
+afterwards it only says the demo is already there. The demo proposes (SPEC §3.1): its first
+maintenance run archives and tombstones nothing, and a newcomer finds its proposals waiting for
+approval on the review page instead of a workspace already thinned out.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from django.db.models import F, Max
 from django.utils import timezone
 
 from maintenance.models import MaintenancePolicy
+from maintenance.policy import PROPOSE
 from maintenance.scoring_db import refresh_scores
 from memory import journal, services
 from memory.models import Entry, Role, Workspace
@@ -27,8 +30,8 @@ DEMO_SLUG = "demo"
 def _make_it_recent(workspace: Workspace) -> None:
     """The sample is a year of 2016/17 commits: moved as a block so its newest memory is a day
     old, it looks like a workspace in use today. The demo's policy decays four times slower than
-    the default (cold after about 320 days instead of 80), so the first scheduled run shows
-    real work instead of being stopped by the circuit breaker."""
+    the default (cold after about 320 days instead of 80), so the first run proposes a share of
+    the memories an operator can approve at once, below the circuit breaker."""
     now = timezone.now()
     newest = Entry.objects.filter(workspace=workspace).aggregate(newest=Max("created_at"))["newest"]
     if newest is None:
@@ -54,12 +57,16 @@ class Command(BaseCommand):
         with transaction.atomic():
             workspace = Workspace.objects.filter(slug=DEMO_SLUG).first()
             if workspace is None:
-                workspace = services.workspace_create(slug=DEMO_SLUG, name="Demo workspace")
+                workspace = services.workspace_create(
+                    slug=DEMO_SLUG, name="Demo workspace", review_mode=PROPOSE
+                )
                 counts = journal.import_journal(workspace=workspace, path=journal.SAMPLE_PATH)
                 _make_it_recent(workspace)
                 self.stdout.write(
                     f"Created workspace '{DEMO_SLUG}' with {counts.created} memories "
-                    f"from the bundled flask journal sample."
+                    "from the bundled flask journal sample. It proposes: maintenance archives and "
+                    "tombstones nothing until you approve it (Review → Pending approval, or "
+                    f"manage.py proposals --workspace {DEMO_SLUG})."
                 )
             User = get_user_model()
             user = User.objects.filter(username=username).first()

@@ -1,0 +1,106 @@
+"""Operator holds (SPEC §3.2): an operator's corrective decision sticks.
+
+Restore, revert, a rejected proposal, a hygiene "keep" and a dispute resolved in an entry's
+favour put a hold on the entry; the one protection rule (``memory.models.protected``) keeps
+every automatic pass away from a held entry until an operator releases it, its content changes
+(a new version starts unheld) or ``operator_hold_days`` have passed. The entry's history says
+who decided, when and why: a restore or revert names the hold in its own event's details; a
+hold without a status change (reject, keep, a dispute) and a release each write a
+LifecycleEvent that changes no status (reason ``hold`` / ``release``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from memory import live
+from memory.errors import Conflict
+from memory.models import Entry, LifecycleEvent, Workspace
+
+HOLD = "hold"
+RELEASE = "release"
+# Events that record a decision without changing the entry's status.
+EVENT_REASONS = (HOLD, RELEASE)
+CHUNK = 500  # ids per IN (...)
+
+
+def hold(
+    workspace: Workspace,
+    entry_ids: Iterable[int],
+    *,
+    reason: str,
+    actor: str,
+    now: datetime,
+    event: bool = True,
+) -> int:
+    """Put (or renew) an operator hold on the latest entries among ``entry_ids`` of the
+    workspace; returns how many. ``event=False``: the caller's own event records it. Runs in
+    the caller's transaction when there is one."""
+    ids = sorted(set(entry_ids))
+    if not ids:
+        return 0
+    rows: list[tuple[int, str]] = []
+    with transaction.atomic():
+        for start in range(0, len(ids), CHUNK):
+            chunk = ids[start : start + CHUNK]
+            found = list(
+                Entry.objects.filter(workspace=workspace, pk__in=chunk, is_latest=True).values_list(
+                    "pk", "status"
+                )
+            )
+            Entry.objects.filter(pk__in=[pk for pk, _ in found]).update(
+                held_at=now, held_by=actor, hold_reason=reason
+            )
+            rows += found
+        if event:
+            LifecycleEvent.objects.bulk_create(
+                LifecycleEvent(
+                    workspace=workspace,
+                    entry_id=pk,
+                    entry_ref=pk,
+                    from_status=status,
+                    to_status=status,
+                    reason=HOLD,
+                    actor=actor,
+                    created_at=now,
+                    details={"hold_reason": reason},
+                )
+                for pk, status in rows
+            )
+    live.announce_queue(workspace.pk)  # restore, revert, keep, reject, dispute: any door
+    return len(rows)
+
+
+def release(workspace: Workspace, entry: Entry, *, actor: str, now: datetime | None = None) -> Entry:
+    """Clear the operator hold of ``entry`` (the latest version, already looked up in the
+    workspace); the event keeps who had held it, since when and why."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        current = Entry.objects.select_for_update().get(pk=entry.pk, workspace=workspace)
+        if current.held_at is None:
+            raise Conflict(f"entry {current.pk} is not held")
+        LifecycleEvent.objects.create(
+            workspace=workspace,
+            entry=current,
+            entry_ref=current.pk,
+            from_status=current.status,
+            to_status=current.status,
+            reason=RELEASE,
+            actor=actor,
+            created_at=now,
+            details={
+                "held_by": current.held_by,
+                "held_at": current.held_at.isoformat(),
+                "hold_reason": current.hold_reason,
+            },
+        )
+        current.held_at = None
+        current.held_by = ""
+        current.hold_reason = ""
+        current.save(update_fields=["held_at", "held_by", "hold_reason"])
+    live.announce_queue(workspace.pk)
+    return current

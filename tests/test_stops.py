@@ -1,0 +1,183 @@
+"""Clean stops (SPEC §7): ``manage.py qcluster``, ``manage.py serve`` and ``make run`` stop on
+SIGTERM and SIGINT, sent to the process or to its whole process group as a service manager or
+a terminal does, with no process left; a maintenance run in hand is abandoned cleanly (its
+lease released, its row ``failed``). Real process trees on a real database: a SQLite file, or
+a throwaway PostgreSQL database when the suite runs there (the hosted settings, with the pool).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from maintenance.models import MaintenanceLease, MaintenanceRun
+from tests.helpers_subprocess import (
+    ROOT,
+    database_alias,
+    free_port,
+    helper,
+    kill_tree,
+    manage,
+    postgres_database,
+    start_helper,
+    stop_tree,
+    subprocess_env,
+    wait_for,
+)
+
+ALIAS = "stops"
+DELAY = "0.05"  # seconds after each SQL statement of a slowed run: it lasts far beyond a stop
+WAIT = 60  # seconds any wait below may take before the test gives up (never reached when right)
+
+
+@pytest.fixture(scope="module")
+def stops_db(tmp_path_factory, django_db_blocker) -> Iterator[dict[str, str]]:
+    """A migrated database other processes can reach, with one seeded workspace, registered
+    here as ALIAS; the environment of the processes under test."""
+    folder = tmp_path_factory.mktemp("stops")
+    drop: Callable[[], None] | None = None
+    if connection.vendor == "postgresql":
+        url, drop = postgres_database(f"ms_stops_{uuid.uuid4().hex[:12]}")
+    else:
+        url = f"sqlite:///{folder / 'db.sqlite3'}"
+    env = subprocess_env(url, folder / "backups")
+    env.update(Q_WORKERS="2", LOG_LEVEL="INFO")
+    # A browser test earlier on the same xdist worker leaves Playwright's event loop registered
+    # in this thread, and Django then refuses this module's plain ORM reads as "async" (seen in
+    # CI on PostgreSQL); nothing here runs in an event loop.
+    unsafe = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "1"
+    try:
+        manage(["migrate", "--noinput", "-v", "0"], env, timeout=300)
+        helper(
+            [
+                "seed",
+                "--workspace",
+                "w",
+                "--entries",
+                "300",
+                "--now",
+                "2026-06-01T00:00:00+00:00",
+                "--review-mode",
+                "apply",
+            ],
+            env,
+        )
+        with database_alias(ALIAS, url), django_db_blocker.unblock():
+            yield env
+    finally:
+        if unsafe is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = unsafe
+        if drop is not None:
+            drop()
+
+
+def running_run() -> MaintenanceRun | None:
+    """The run in progress once it holds its workspace's lease (what a stop must give back)."""
+    run = MaintenanceRun.objects.using(ALIAS).filter(status="running").first()
+    if run is None:
+        return None
+    held = MaintenanceLease.objects.using(ALIAS).filter(workspace_id=run.workspace_id, run_id=run.pk)
+    return run if held.exclude(holder="").exists() else None
+
+
+def assert_abandoned(run: MaintenanceRun) -> None:
+    run = MaintenanceRun.objects.using(ALIAS).get(pk=run.pk)
+    assert run.status == "failed", run.error
+    assert run.error.startswith("interrupted: the worker was stopped"), run.error
+    assert not MaintenanceLease.objects.using(ALIAS).filter(workspace_id=run.workspace_id).exclude(holder="")
+
+
+def start(args: list[str], env: dict[str, str], log: Path, **popen) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, **popen)
+
+
+def cluster_running(log: Path) -> bool:
+    text = log.read_text(errors="replace")
+    return "Q Cluster" in text and "running." in text
+
+
+SIGNALS = pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+
+
+def test_a_run_told_to_stop_is_marked_failed_and_releases_its_lease(stops_db):
+    proc = start_helper(["scheduled", "--workspace", "w", "--statement-delay", DELAY], stops_db)
+    try:
+        run = wait_for("the run to start", running_run)
+        time.sleep(0.5)  # into its batches
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=WAIT)
+    finally:
+        kill_tree(proc.pid)
+    assert proc.returncode == 0, err  # the worker exits, quietly, once the run is abandoned
+    assert out == ""  # it never came back from the task
+    assert "Traceback" not in err
+    assert_abandoned(run)
+
+
+@pytest.mark.parametrize(
+    "signum, group",
+    [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGTERM, True), (signal.SIGINT, True)],
+    ids=["SIGTERM", "SIGINT", "SIGTERM-to-group", "SIGINT-to-group"],
+)
+def test_qcluster_stops_abandoning_the_run_in_hand_and_leaves_no_process(stops_db, tmp_path, signum, group):
+    log = tmp_path / "qcluster.log"
+    proc = start([sys.executable, "manage.py", "qcluster"], stops_db, log, start_new_session=True)
+    wait_for("the cluster", lambda: cluster_running(log))
+    helper(["enqueue", "--workspace", "w", "--statement-delay", DELAY], stops_db)
+    run = wait_for("a worker to start the run", running_run)
+    time.sleep(0.5)
+    assert stop_tree(proc, signum, group=group, timeout=WAIT) == []
+    output = log.read_text(errors="replace")
+    assert "has stopped" in output
+    assert "Traceback" not in output
+    assert_abandoned(run)  # the worker gave the run up itself: not killed before it could
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@SIGNALS
+def test_serve_stops_its_server_and_cluster_and_leaves_no_process(stops_db, tmp_path, signum):
+    port = free_port()
+    log = tmp_path / "serve.log"
+    proc = start([sys.executable, "manage.py", "serve", "--port", str(port)], stops_db, log)
+    wait_for("the server", lambda: _healthy(port))
+    wait_for("the cluster", lambda: cluster_running(log))
+    assert stop_tree(proc, signum, group=False, timeout=WAIT) == []
+    assert proc.returncode == -signum  # it died of the signal, after its cleanup
+    output = log.read_text(errors="replace")
+    assert "has stopped" in output  # the cluster's own clean stop, not a kill
+    assert "Traceback" not in output
+
+
+@SIGNALS
+def test_make_run_stopped_as_a_process_group_leaves_no_process(stops_db, tmp_path, signum):
+    # A service manager (or a terminal's Ctrl-C) signals every process of the group at once.
+    port = free_port()
+    log = tmp_path / "make-run.log"
+    env = {k: v for k, v in stops_db.items() if not k.startswith("MAKE")} | {"PORT": str(port)}
+    proc = start(["make", "run"], env, log, start_new_session=True)
+    wait_for("the server", lambda: _healthy(port))
+    wait_for("the cluster", lambda: cluster_running(log))
+    assert stop_tree(proc, signum, group=True, timeout=WAIT) == []
+    output = log.read_text(errors="replace")
+    assert "has stopped" in output
+    assert "Traceback" not in output
