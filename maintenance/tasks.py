@@ -94,6 +94,8 @@ from maintenance.runs import (
     run_maintenance,
     start_queued,
 )
+from memory import live
+from memory.errors import Unavailable
 from memory.models import Workspace
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,7 @@ log = logging.getLogger(__name__)
 RUN_TASK = "maintenance.tasks.run_scheduled"
 QUEUED_TASK = "maintenance.tasks.run_queued"
 TASK_GROUP = "maintenance"
+QUEUE_REFUSED = "the task queue did not accept the run"
 # A full run that started this recently and is still "running" is in progress; one that failed
 # this recently is not retried yet.
 FULL_HOLD_OFF = timedelta(minutes=60)
@@ -400,10 +403,27 @@ def enqueue_run(run: MaintenanceRun) -> None:
             task_name=f"maintenance {run.kind} run {run.pk}"[:100],
         )
 
+    def send_or_fail() -> None:
+        # After the commit: the run's row exists, so a broker that refuses the task (Redis
+        # down) must not leave it ``queued`` until it is given up hours later. It fails now,
+        # with the broker's error, and the caller hears 503.
+        try:
+            send()
+        except Exception as exc:
+            error = f"{QUEUE_REFUSED}: {''.join(traceback.format_exception_only(exc)).strip()}"
+            log.warning("run %s: %s", run.pk, error)
+            failed = MaintenanceRun.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(
+                status=RunStatus.FAILED, finished_at=timezone.now(), error=error
+            )
+            if failed:
+                run.refresh_from_db()
+                live.run_finished(run)
+            raise Unavailable(f"{QUEUE_REFUSED}; the run was recorded as failed", run_id=run.pk) from exc
+
     if Conf.ORM and not Conf.BROKER_CLASS:
         send()
     else:
-        transaction.on_commit(send)
+        transaction.on_commit(send_or_fail)
 
 
 def run_queued(run_id: int) -> dict[str, Any] | None:

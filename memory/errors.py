@@ -27,3 +27,9 @@ class Conflict(ServiceError):
 
 class Forbidden(ServiceError):
     status_code = 403
+
+
+class Unavailable(ServiceError):
+    """A service the request needs (the task queue's broker) refused it; the caller may retry."""
+
+    status_code = 503

@@ -29,7 +29,7 @@ from maintenance.selectors import run_get
 from maintenance.tasks import submit_run
 from memory import charts, console_selectors, live, services
 from memory.console import Console, operator_action, workspace_page
-from memory.errors import NotFound, ServiceError
+from memory.errors import NotFound, ServiceError, Unavailable
 from memory.models import EntryType, Status, Tier, TombstoneReason
 from memory.schemas import INT64_MAX
 from memory.selectors import ENTRY_SORTS, status_counts, workspace_summaries
@@ -134,8 +134,11 @@ def run_now(request: HttpRequest, console: Console) -> HttpResponse:
         "actor": console.actor,
     }
     if not runs_inline(console.workspace, dry_run=dry_run):
-        queued = submit_run(**args).run
-        url = reverse("console:run", kwargs={"slug": console.workspace.slug, "run_id": queued.pk})
+        try:
+            run_id = submit_run(**args).run.pk
+        except Unavailable as exc:  # the broker refused the task: the run's page says so
+            run_id = exc.fields["run_id"]
+        url = reverse("console:run", kwargs={"slug": console.workspace.slug, "run_id": run_id})
         if request.htmx:  # type: ignore[attr-defined]
             response = HttpResponse(status=204)
             response["HX-Redirect"] = url

@@ -442,3 +442,49 @@ def test_a_blocked_runs_affected_entries_are_the_ones_its_record_keeps(workspace
     assert blocked["status"] == "blocked"
     page = get(f"/maintenance/runs/{blocked['run_id']}/affected?action=tombstoned&limit=500", key("agent"))
     assert (page.json()["count"], page.json()["items"], page.json()["complete"]) == (21, entries, True)
+
+
+# --- a broker that refuses the task ----------------------------------------------------------------
+
+
+@pytest.fixture
+def refusing_broker(monkeypatch) -> None:
+    """django-q2 configured for a Redis broker at a port nothing listens on (Redis down): the
+    task is sent after the run's row commits, and sending it fails."""
+    from django_q.conf import Conf
+
+    monkeypatch.setattr(Conf, "ORM", None)
+    monkeypatch.setattr(Conf, "REDIS", f"redis://127.0.0.1:{free_port()}/0")
+
+
+@pytest.mark.django_db(transaction=True)  # the task is sent once the run's row has committed
+def test_a_run_the_broker_refuses_fails_at_once_and_answers_503(workspace, key, refusing_broker):
+    (entry,) = cold(workspace)
+    response = post_run("/maintenance/run", key("operator"), {"dry_run": False})
+    assert response.status_code == 503, response.content
+    body = response.json()
+    assert body["detail"] == "the task queue did not accept the run; the run was recorded as failed"
+    run = MaintenanceRun.objects.get(pk=body["run_id"])
+    assert run.status == "failed" and run.finished_at is not None
+    assert run.error.startswith("the task queue did not accept the run: ") and "ConnectionError" in run.error
+    assert Entry.objects.get(pk=entry.pk).status == "active"
+    # Nothing waits for a worker, so the next request is not refused for a queued one.
+    again = post_run("/maintenance/run", key("operator"), {"dry_run": False})
+    assert again.status_code == 503 and again.json()["run_id"] != run.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_now_the_broker_refuses_shows_the_failed_run(workspace, refusing_broker):
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.create_user(username="op", password="x")
+    services.membership_set(workspace=workspace, user=user, role="operator")
+    client = Client()
+    client.force_login(user)
+    response = client.post("/console/acme/run/", {"dry_run": "0"})
+    assert response.status_code == 303, response.content
+    run = MaintenanceRun.objects.get()
+    assert response["Location"] == f"/console/acme/runs/{run.pk}/"
+    assert run.status == "failed"
+    html = client.get(response["Location"]).content.decode()
+    assert "the task queue did not accept the run" in html
