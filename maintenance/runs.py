@@ -530,6 +530,22 @@ def fail_lost_queued(*, workspace: Workspace | None = None, now: datetime | None
     return lost.update(status=RunStatus.FAILED, finished_at=now, error=QUEUED_GIVEN_UP_ERROR)
 
 
+def _new_run(
+    workspace: Workspace, kind: str, trigger: str, dry_run: bool, force: bool, actor: str, **fields: Any
+) -> MaintenanceRun:
+    """The row of a run that starts now (``fields``: its status when not ``running``, params)."""
+    return MaintenanceRun.objects.create(
+        workspace=workspace,
+        kind=kind,
+        trigger=trigger,
+        dry_run=dry_run,
+        forced=force,
+        actor=actor,
+        started_at=timezone.now(),
+        **fields,
+    )
+
+
 def run_maintenance(
     *,
     workspace: Workspace,
@@ -550,14 +566,13 @@ def run_maintenance(
         raise ValueError(f"unknown run kind {kind!r}")
     now = now or timezone.now()
     policy = effective_policy(workspace, params if kind == RunKind.PRUNE else None)
-    run = MaintenanceRun.objects.create(
-        workspace=workspace,
-        kind=kind,
-        trigger=trigger,
-        dry_run=dry_run,
-        forced=force,
-        actor=actor,
-        started_at=timezone.now(),
+    run = _new_run(
+        workspace,
+        kind,
+        trigger,
+        dry_run,
+        force,
+        actor,
         params={"now": now.isoformat(), **_policy_params(policy)},
     )
     live.run_started(run)
@@ -580,15 +595,14 @@ def queue_run(
     if kind not in RunKind.values:
         raise ValueError(f"unknown run kind {kind!r}")
     requested = {k: v for k, v in (params or {}).items() if v is not None}
-    run = MaintenanceRun.objects.create(
-        workspace=workspace,
-        kind=kind,
-        trigger=trigger,
-        dry_run=dry_run,
-        forced=force,
-        actor=actor,
+    run = _new_run(
+        workspace,
+        kind,
+        trigger,
+        dry_run,
+        force,
+        actor,
         status=RunStatus.QUEUED,
-        started_at=timezone.now(),
         params={"requested": requested} if requested else {},
     )
     live.run_started(run)
@@ -611,15 +625,7 @@ def record_refused(
     """Record a run refused before it was queued because another run holds the workspace's
     lease (or waits in the queue for it): ``skipped``, like a run that meets the lease when it
     starts."""
-    run = MaintenanceRun.objects.create(
-        workspace=workspace,
-        kind=kind,
-        trigger=trigger,
-        dry_run=dry_run,
-        forced=force,
-        actor=actor,
-        started_at=timezone.now(),
-    )
+    run = _new_run(workspace, kind, trigger, dry_run, force, actor)
     _finish(run, RunStatus.SKIPPED, None, error=error)
     return run
 
