@@ -511,6 +511,22 @@ def test_ensure_sqlite_index_restores_triggers_a_table_rebuild_dropped(workspace
     assert ensure_sqlite_index() is False
 
 
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's covering index")
+def test_a_broad_query_reads_its_matches_from_the_covering_index_a_rebuild_gets_back(workspace, small_bounds):
+    ids = [_entry(workspace, f"cover note {i}").pk for i in range(12)]
+    with connection.cursor() as cursor:
+        cursor.execute("DROP INDEX entry_search_cover")  # as a table rebuild would
+    assert ensure_sqlite_index() is True
+    assert ensure_sqlite_index() is False
+    with CaptureQueriesContext(connection) as queries:
+        assert sorted(_ids(workspace, "cover note")) == sorted(ids)
+    (statement,) = [q["sql"] for q in queries.captured_queries if "memory_entry_fts" in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN QUERY PLAN " + statement)
+        plan = " | ".join(row[3] for row in cursor.fetchall())
+    assert "USING COVERING INDEX entry_search_cover" in plan, plan
+
+
 # --- the API --------------------------------------------------------------------------------
 
 
