@@ -847,7 +847,6 @@ def _generate_postgresql(
 
     from maintenance.models import MaintenancePolicy
     from maintenance.scoring_db import refresh_scores
-    from memory.models import Tag
 
     phases: dict[str, float] = {}
     counts = {
@@ -880,36 +879,7 @@ def _generate_postgresql(
             f"dropped {sum(len(v) for v in defs.values())} secondary indexes for the load (same transaction)"
         )
         gen = RowGen(workspace_id=ws.pk, first_id=first_id, n=n, now=now, seed=seed)
-        tag_ids: dict[str, int] = {}
-        done = 0
-        last_log = time.perf_counter()
-        for b in gen.batches(batch_size):
-            new = sorted({name for _, name in b.tags if name not in tag_ids})
-            if new:
-                Tag.objects.bulk_create([Tag(workspace=ws, name=x) for x in new], ignore_conflicts=True)
-                tag_ids.update(Tag.objects.filter(workspace=ws, name__in=new).values_list("name", "id"))
-            _copy(raw, "memory_entry", ENTRY_COLUMNS, b.entries)
-            _copy(raw, "memory_entry_tags", ("entry_id", "tag_id"), [(e, tag_ids[x]) for e, x in b.tags])
-            _copy(raw, "memory_relationship", LINK_COLS, b.links)
-            _copy(raw, "memory_codeanchor", ANCHOR_COLS, b.anchors)
-            _copy(raw, "memory_entryaccess", ACCESS_COLS, b.accesses)
-            _copy(raw, "memory_lifecycleevent", EVENT_COLS, b.events)
-            _copy(raw, "memory_tombstone", TOMBSTONE_COLS, b.tombstones)
-            for key, rows in (
-                ("entries", b.entries),
-                ("entry_tags", b.tags),
-                ("links", b.links),
-                ("anchors", b.anchors),
-                ("accesses", b.accesses),
-                ("events", b.events),
-                ("tombstones", b.tombstones),
-            ):
-                counts[key] += len(rows)
-            done += len(b.entries)
-            if time.perf_counter() - last_log > 15:
-                last_log = time.perf_counter()
-                rate = done / (last_log - t)
-                progress(f"copied {done:,}/{n:,} entries ({rate:,.0f}/s)")
+        tag_ids = _copy_rows(raw, ws, gen, batch_size, counts, progress, t)
         counts["tags"] = len(tag_ids)
         max_id = first_id + n - 1
         c.execute("SELECT setval(pg_get_serial_sequence('memory_entry', 'id'), %s)", [max_id])
@@ -946,6 +916,115 @@ def _generate_postgresql(
             c.execute(f"VACUUM ANALYZE {table}")
     phases["VACUUM FULL + ANALYZE"] = time.perf_counter() - t
     return phases, counts
+
+
+def _copy_rows(
+    raw: Any,
+    ws: Any,
+    gen: RowGen,
+    batch_size: int,
+    counts: dict[str, int],
+    progress: Callable[[str], None],
+    started: float,
+) -> dict[str, int]:
+    """COPY the rows of ``gen`` into the loaded tables (PostgreSQL), adding to ``counts``;
+    the workspace's tag ids by name."""
+    from memory.models import Tag
+
+    tag_ids: dict[str, int] = {}
+    done = 0
+    last_log = time.perf_counter()
+    for b in gen.batches(batch_size):
+        new = sorted({name for _, name in b.tags if name not in tag_ids})
+        if new:
+            Tag.objects.bulk_create([Tag(workspace=ws, name=x) for x in new], ignore_conflicts=True)
+            tag_ids.update(Tag.objects.filter(workspace=ws, name__in=new).values_list("name", "id"))
+        _copy(raw, "memory_entry", ENTRY_COLUMNS, b.entries)
+        _copy(raw, "memory_entry_tags", ("entry_id", "tag_id"), [(e, tag_ids[x]) for e, x in b.tags])
+        _copy(raw, "memory_relationship", LINK_COLS, b.links)
+        _copy(raw, "memory_codeanchor", ANCHOR_COLS, b.anchors)
+        _copy(raw, "memory_entryaccess", ACCESS_COLS, b.accesses)
+        _copy(raw, "memory_lifecycleevent", EVENT_COLS, b.events)
+        _copy(raw, "memory_tombstone", TOMBSTONE_COLS, b.tombstones)
+        for key, rows in (
+            ("entries", b.entries),
+            ("entry_tags", b.tags),
+            ("links", b.links),
+            ("anchors", b.anchors),
+            ("accesses", b.accesses),
+            ("events", b.events),
+            ("tombstones", b.tombstones),
+        ):
+            counts[key] += len(rows)
+        done += len(b.entries)
+        if time.perf_counter() - last_log > 15:
+            last_log = time.perf_counter()
+            rate = done / (last_log - started)
+            progress(f"copied {done:,} entries ({rate:,.0f}/s)")
+    counts["tags"] += len(tag_ids)
+    return tag_ids
+
+
+MANY_MARK = re.compile(r"^datagen-many (\d+)x(\d+) seed=(\d+)$")
+
+
+def ensure_many(
+    workspaces: int, n: int, *, prefix: str = "fleet", seed: int = 1, progress: Callable[[str], None] = log
+) -> list[int]:
+    """Workspaces ``<prefix>-0001`` … each holding the same mix of N generated entries (each its
+    own seed), on PostgreSQL; their ids. Reused when the first one's name says the same
+    counts; otherwise every ``<prefix>-*`` workspace is dropped and the set rebuilt. The rows
+    are COPYed with the indexes in place (a workspace of thousands among a million rows: an
+    index rebuild per workspace would cost more than the load), scored per workspace, and the
+    tables analysed once at the end."""
+    from django.db import connection, transaction
+
+    from maintenance.models import MaintenancePolicy
+    from maintenance.scoring_db import refresh_scores
+    from memory import services
+    from memory.models import Workspace
+
+    if connection.vendor != "postgresql":
+        raise SystemExit("ensure_many generates on PostgreSQL only")
+    mark = f"datagen-many {workspaces}x{n} seed={seed}"
+    existing = Workspace.objects.filter(slug__startswith=f"{prefix}-").order_by("slug")
+    names = list(existing.values_list("name", flat=True))
+    if len(names) == workspaces and all(name == mark for name in names):
+        return list(existing.values_list("pk", flat=True))
+    for ws in existing:
+        _drop_workspace(ws)
+    now = datetime.now(UTC).replace(microsecond=0)
+    counts = dict.fromkeys(
+        ("entries", "tags", "entry_tags", "links", "anchors", "accesses", "events", "tombstones"), 0
+    )
+    t = time.perf_counter()
+    ids = []
+    for k in range(workspaces):
+        ws = services.workspace_create(slug=f"{prefix}-{k + 1:04d}", name=f"{mark} (incomplete)")
+        with transaction.atomic(), connection.cursor() as c:
+            c.execute("SET LOCAL synchronous_commit = off")
+            c.execute("LOCK TABLE memory_entry IN SHARE ROW EXCLUSIVE MODE")
+            c.execute("SELECT coalesce(max(id), 0) FROM memory_entry")
+            first_id = c.fetchone()[0] + 1
+            gen = RowGen(workspace_id=ws.pk, first_id=first_id, n=n, now=now, seed=seed + k)
+            _copy_rows(c.cursor, ws, gen, 20_000, counts, lambda _msg: None, time.perf_counter())
+            c.execute("SELECT setval(pg_get_serial_sequence('memory_entry', 'id'), %s)", [first_id + n - 1])
+            refresh_scores(
+                ws, now=now, params=MaintenancePolicy.for_workspace(ws).decay_params, batch_size=10_000
+            )
+            ws.name = mark
+            ws.save(update_fields=["name"])
+        ids.append(ws.pk)
+        if (k + 1) % 20 == 0:
+            progress(f"{k + 1}/{workspaces} workspaces ({time.perf_counter() - t:.0f} s)")
+    with connection.cursor() as c:
+        for table in LOADED_TABLES:
+            c.execute(f"VACUUM ANALYZE {table}")
+    progress(
+        f"generated {workspaces} x {n:,} entries in {time.perf_counter() - t:.1f} s"
+        f" ({_entry_count_note(counts)})"
+    )
+    return ids
 
 
 def _copy(raw: Any, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]) -> None:

@@ -5,18 +5,20 @@ the runs the API and the console queue (``submit_run`` → ``run_queued``, at th
 workspace it reads the run history in the database and the policy fresh, and enqueues
 ``run_scheduled(workspace_id, kind)``:
 
-- a **decay** sweep when the last non-dry decay run *started* more than
-  ``decay_interval_seconds`` ago (or there is none). Any status counts, failed and skipped
-  included: a sweep that crashes, or one that keeps finding the lease held, is retried after
-  one interval instead of every two minutes, so a crash loop cannot hammer the database. No
-  sweep is started while a full run is in progress: the full run executes the decay passes
-  itself, and the lease would only record the sweep as skipped.
 - a **full** run when the last *completed* (succeeded or blocked) non-dry full run finished
   more than ``maintenance_interval_hours`` ago (or there is none), unless a full run started
   less than 60 minutes ago is still running (in progress; a "running" row older than that
-  belongs to a killed run, which the next run marks failed) or failed (the same crash-loop
-  guard as above, with the retry one hour later). Blocked counts as completed: the circuit
-  breaker would block again until an operator forces it, so retrying is pointless.
+  belongs to a killed run, which the next run marks failed) or failed (a crash-loop guard: the
+  retry comes one hour later). Blocked counts as completed: the circuit breaker would block
+  again until an operator forces it, so retrying is pointless. A full run due is enqueued
+  alone: it executes the decay passes itself, and a sweep enqueued beside it would only meet
+  its lease (with two workers, one of the two was turned away as ``skipped``).
+- otherwise a **decay** sweep when the last non-dry decay sweep, or full run that the lease
+  did not turn away (it swept too), *started* more than ``decay_interval_seconds`` ago (or
+  there is none). A sweep of any status counts, failed and skipped included: a sweep that
+  crashes, or one that keeps finding the lease held, is retried after one interval instead of
+  every two minutes, so a crash loop cannot hammer the database. No sweep is started while a
+  full run is in progress.
 
 Dry runs never count: an agent previewing maintenance every few minutes must not postpone the
 real thing. Because everything is decided from rows in the database, a restart of the web
@@ -115,7 +117,8 @@ COMPLETED_STATUSES = (RunStatus.SUCCEEDED, RunStatus.PROPOSED, RunStatus.BLOCKED
 
 @dataclass(frozen=True)
 class RunHistory:
-    """What the dispatcher needs to know about one workspace's past runs."""
+    """What the dispatcher needs to know about one workspace's past runs (``last_decay_started``:
+    of a decay sweep or of a full run, which sweeps too)."""
 
     last_decay_started: datetime | None
     last_full_finished: datetime | None
@@ -128,14 +131,14 @@ def due_kinds(*, history: RunHistory, policy: PolicyValues, now: datetime) -> li
     kinds: list[str] = []
     if history.full_running:
         return kinds
-    decay_every = timedelta(seconds=policy.decay_interval_seconds)
-    if history.last_decay_started is None or now - history.last_decay_started >= decay_every:
-        kinds.append(RunKind.DECAY.value)
     full_every = timedelta(hours=policy.maintenance_interval_hours)
     if not history.full_failed_recently and (
         history.last_full_finished is None or now - history.last_full_finished >= full_every
     ):
-        kinds.append(RunKind.FULL.value)
+        return [RunKind.FULL.value]  # it does the decay passes too: a sweep beside it would meet its lease
+    decay_every = timedelta(seconds=policy.decay_interval_seconds)
+    if history.last_decay_started is None or now - history.last_decay_started >= decay_every:
+        kinds.append(RunKind.DECAY.value)
     return kinds
 
 
@@ -147,8 +150,11 @@ def _workspaces_with_history(now: datetime) -> list[Workspace]:
     return list(
         Workspace.objects.select_related("policy")
         .annotate(
+            # A full run sweeps too (unless the lease turned it away).
             last_decay_started=Subquery(
-                runs.filter(kind=RunKind.DECAY).order_by("-started_at").values("started_at")[:1]
+                runs.filter(Q(kind=RunKind.DECAY) | Q(kind=RunKind.FULL) & ~Q(status=RunStatus.SKIPPED))
+                .order_by("-started_at")
+                .values("started_at")[:1]
             ),
             last_full_finished=Subquery(
                 full.filter(status__in=COMPLETED_STATUSES, finished_at__isnull=False)

@@ -214,14 +214,31 @@ def test_the_sync_schedules_command_prints_json():
 # --- the dispatcher: what is due ----------------------------------------------------------------
 
 
-def test_a_fresh_workspace_gets_a_decay_sweep_and_a_full_run(workspace, now):
+def test_a_fresh_workspace_gets_a_full_run_alone_which_sweeps_too(workspace, now):
     result = tasks.dispatch_due_maintenance(now=now)
 
-    assert result == {
-        "enqueued": [{"workspace": "acme", "kind": "decay"}, {"workspace": "acme", "kind": "full"}],
-        "checked": 1,
-    }
-    assert queued() == [(workspace.pk, "decay"), (workspace.pk, "full")]
+    # No decay sweep beside it: two workers would take both at once and the lease would turn
+    # one of them away (bench/workers.py saw every full run skipped that way).
+    assert result == {"enqueued": [{"workspace": "acme", "kind": "full"}], "checked": 1}
+    assert queued() == [(workspace.pk, "full")]
+
+
+def test_a_full_run_counts_as_a_sweep_unless_the_lease_turned_it_away(workspace, now):
+    interval = timedelta(seconds=PolicyValues().decay_interval_seconds)
+    full = record_run(workspace, RunKind.FULL, started=now - interval + timedelta(seconds=30))
+    assert full.status == RunStatus.SUCCEEDED
+    assert kinds_enqueued(tasks.dispatch_due_maintenance(now=now), workspace) == []
+    assert kinds_enqueued(tasks.dispatch_due_maintenance(now=now + timedelta(seconds=30)), workspace) == [
+        "decay"
+    ]
+    OrmQ.objects.all().delete()  # as if the worker had taken that sweep
+
+    MaintenanceRun.objects.filter(pk=full.pk).update(status=RunStatus.SKIPPED)
+    # A skipped full run is not completed either: the full run is due again, alone.
+    assert kinds_enqueued(tasks.dispatch_due_maintenance(now=now), workspace) == ["full"]
+    # With an earlier full run completed (no full run due), the skipped one did not sweep.
+    record_run(workspace, RunKind.FULL, started=now - timedelta(hours=2), finished=now - timedelta(hours=1))
+    assert kinds_enqueued(tasks.dispatch_due_maintenance(now=now), workspace) == ["decay"]
 
 
 def test_nothing_is_enqueued_when_recent_runs_exist(workspace, now):
@@ -254,7 +271,7 @@ def test_dry_runs_do_not_postpone_real_maintenance(workspace, now):
     record_run(workspace, RunKind.DECAY, started=now - timedelta(seconds=30), dry_run=True)
     record_run(workspace, RunKind.FULL, started=now - timedelta(minutes=5), dry_run=True)
 
-    assert kinds_enqueued(tasks.dispatch_due_maintenance(now=now), workspace) == ["decay", "full"]
+    assert kinds_enqueued(tasks.dispatch_due_maintenance(now=now), workspace) == ["full"]
 
 
 def test_a_full_run_is_due_once_the_last_completed_one_finished_longer_ago_than_the_interval(workspace, now):
@@ -314,7 +331,7 @@ def test_a_full_run_in_progress_holds_off_another_full_run_and_the_decay_sweep(w
 def test_a_running_row_older_than_an_hour_belongs_to_a_killed_run(workspace, now):
     record_run(workspace, RunKind.FULL, started=now - timedelta(minutes=61), status=RunStatus.RUNNING)
 
-    assert kinds_enqueued(tasks.dispatch_due_maintenance(now=now), workspace) == ["decay", "full"]
+    assert kinds_enqueued(tasks.dispatch_due_maintenance(now=now), workspace) == ["full"]
 
 
 def test_a_full_run_that_failed_recently_is_retried_an_hour_later_not_every_dispatch(workspace, now):
@@ -335,7 +352,7 @@ def test_each_workspace_is_judged_by_its_own_history(workspace, other_workspace,
 
     result = tasks.dispatch_due_maintenance(now=now)
 
-    assert kinds_enqueued(result, workspace) == ["decay", "full"]
+    assert kinds_enqueued(result, workspace) == ["full"]
     assert kinds_enqueued(result, other_workspace) == []
     assert result["checked"] == 2
 
@@ -359,14 +376,14 @@ def test_a_second_dispatch_does_not_enqueue_what_still_waits_in_the_queue(worksp
     later = tasks.dispatch_due_maintenance(now=now + timedelta(minutes=2))
 
     assert again["enqueued"] == later["enqueued"] == []
-    assert queued() == [(workspace.pk, "decay"), (workspace.pk, "full")]
+    assert queued() == [(workspace.pk, "full")]
 
 
 def test_a_queued_task_left_behind_for_hours_no_longer_blocks(workspace, now, monkeypatch):
     tasks.dispatch_due_maintenance(now=now)
     monkeypatch.setattr(tasks, "QUEUED_FORGOTTEN_AFTER", timedelta(seconds=-1))
 
-    assert kinds_enqueued(tasks.dispatch_due_maintenance(now=now), workspace) == ["decay", "full"]
+    assert kinds_enqueued(tasks.dispatch_due_maintenance(now=now), workspace) == ["full"]
 
 
 def test_another_workspaces_queued_task_does_not_block(workspace, other_workspace, now):
@@ -376,7 +393,7 @@ def test_another_workspaces_queued_task_does_not_block(workspace, other_workspac
 
     result = tasks.dispatch_due_maintenance(now=now)
 
-    assert kinds_enqueued(result, workspace) == ["decay", "full"]
+    assert kinds_enqueued(result, workspace) == ["full"]
     assert kinds_enqueued(result, other_workspace) == []
 
 
@@ -433,11 +450,11 @@ def test_a_dispatch_costs_three_queries_plus_one_insert_per_enqueued_task(count,
     with CaptureQueriesContext(connection) as ctx:
         result = tasks.dispatch_due_maintenance(now=now)
 
-    assert len(result["enqueued"]) == 2 * count
+    assert len(result["enqueued"]) == count
     work = _work(ctx.captured_queries)
     selects = [q for q in work if q.upper().startswith("SELECT")]
     assert len(selects) == 2
-    assert len(work) == 3 + 2 * count
+    assert len(work) == 3 + count
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite runs one writer at a time itself")
@@ -496,11 +513,8 @@ def test_in_q2_sync_mode_a_dispatch_runs_a_fresh_workspace_maintenance_inline(wo
     first = tasks.dispatch_due_maintenance()
     second = tasks.dispatch_due_maintenance()
 
-    assert kinds_enqueued(first, workspace) == ["decay", "full"]
+    assert kinds_enqueued(first, workspace) == ["full"]
     assert second["enqueued"] == []
     runs = MaintenanceRun.objects.filter(workspace=workspace).order_by("pk")
-    assert [(r.kind, r.trigger, r.status) for r in runs] == [
-        ("decay", "schedule", "succeeded"),
-        ("full", "schedule", "succeeded"),
-    ]
+    assert [(r.kind, r.trigger, r.status) for r in runs] == [("full", "schedule", "succeeded")]
     assert not OrmQ.objects.exists()
