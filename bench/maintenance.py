@@ -383,6 +383,69 @@ def op_mode(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
     return {"review_mode": MaintenancePolicy.for_workspace(ws).review_mode}
 
 
+def op_api_load(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
+    """Calls the agent API (POST /entries, PATCH /entries/{id}, POST /entries/{id}/access) one
+    after another, ~20 a second, until the file ``arg`` exists; each call's wall time and
+    status. A call that raises or answers 5xx is an error; a 4xx (an entry the run tombstoned
+    meanwhile) is counted apart."""
+    import random
+
+    from django.test import Client
+
+    from memory import services
+    from memory.models import Entry
+
+    stop = Path(arg)
+    _, raw = services.api_key_create(workspace=ws, name="bench api load", role="agent")
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    pool = list(
+        Entry.objects.filter(workspace=ws, is_latest=True, status="active").values_list("pk", flat=True)[
+            :5000
+        ]
+    )
+    rng = random.Random(7)
+    calls: dict[str, list[float]] = {"post": [], "patch": [], "access": []}
+    errors: dict[str, int] = {}
+    refused: dict[str, int] = {}
+    Path(f"{arg}.ready").touch()
+    i = 0
+    while not stop.exists():
+        op = ("post", "patch", "access")[i % 3]
+        i += 1
+        t = time.perf_counter()
+        try:
+            if op == "post":
+                body = {"content": f"bench load note {i} about cache retries", "entry_type": "observation"}
+                r = client.post(
+                    "/api/v1/entries", json.dumps(body), content_type="application/json", secure=True
+                )
+            elif op == "patch":
+                body = {"title": f"touched {i}"}
+                r = client.patch(
+                    f"/api/v1/entries/{rng.choice(pool)}",
+                    json.dumps(body),
+                    content_type="application/json",
+                    secure=True,
+                )
+            else:
+                r = client.post(
+                    f"/api/v1/entries/{rng.choice(pool)}/access",
+                    json.dumps({"actor": "agent:bench", "dispatch": False}),
+                    content_type="application/json",
+                    secure=True,
+                )
+            status = str(r.status_code)
+        except Exception as exc:  # every failure is counted, none stops the load
+            status = type(exc).__name__
+        calls[op].append(time.perf_counter() - t)
+        if not status.isdigit() or status.startswith("5"):
+            errors[f"{op} {status}"] = errors.get(f"{op} {status}", 0) + 1
+        elif status.startswith("4"):
+            refused[f"{op} {status}"] = refused.get(f"{op} {status}", 0) + 1
+        time.sleep(0.05)
+    return {"calls": calls, "errors": errors, "refused": refused}
+
+
 CHILD_OPS = {
     "mode": op_mode,
     "floor": op_floor,
@@ -392,6 +455,7 @@ CHILD_OPS = {
     "restore": op_restore,
     "checksum": op_checksum,
     "reads": op_reads,
+    "api_load": op_api_load,
 }
 
 
@@ -536,6 +600,47 @@ def run_child(
     return out
 
 
+def under_api_load(target: Target, slug: str, during: Any) -> tuple[Any, dict[str, Any]]:
+    """``during()`` while a child process calls the API (``op_api_load``); its result and the
+    calls' statistics."""
+    import tempfile
+
+    stop = Path(tempfile.mkdtemp(prefix="bench-load-")) / "stop"
+    cmd = [sys.executable, str(Path(__file__)), "--child", "api_load", slug, str(stop)]
+    with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
+        env = child_env(target.work_url, target.backup_dir)
+        with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out_file, stderr=err_file) as proc:
+            for _ in range(600):
+                if Path(f"{stop}.ready").exists() or proc.poll() is not None:
+                    break
+                time.sleep(0.1)
+            time.sleep(2)  # calls before the run starts: the quiet baseline is part of the sample
+            try:
+                result = during()
+            finally:
+                time.sleep(2)
+                stop.touch()
+                proc.wait(timeout=600)
+        out_file.seek(0)
+        err_file.seek(0)
+        lines = [line for line in out_file.read().splitlines() if line.startswith(RESULT)]
+        if not lines:
+            log(f"api load child failed:\n{err_file.read()[-3000:]}")
+            return result, {"stopped": "the load child failed"}
+    load = json.loads(lines[-1][len(RESULT) :])
+    stats: dict[str, Any] = {"errors": load["errors"], "refused": load["refused"], "ops": {}}
+    for op, times in load["calls"].items():
+        if times:
+            ordered = sorted(times)
+            stats["ops"][op] = {
+                "n": len(ordered),
+                "p50": ordered[len(ordered) // 2],
+                "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+                "max": ordered[-1],
+            }
+    return result, stats
+
+
 def seed(target: Target, n: int, seed_value: int) -> None:
     env = child_env(target.seed_url, target.backup_dir)
     subprocess.run(
@@ -596,6 +701,15 @@ def measure(target: Target, n: int, args: argparse.Namespace) -> dict[str, Any]:
         ).get("entries") == before.get("counts", {}).get("entries")
     out["dead_rows"] = after.get("dead_rows")
     step("reads", "reads")
+    if args.api_load:
+        # Last, on the workspace as the restore left it (the load's writes must not reach the
+        # checksums above): a dry run and a real run again, while a second process calls the API.
+        _, out["api_dry"] = under_api_load(target, slug, lambda: step("dry_loaded", "dry"))
+        _, out["api_real"] = under_api_load(
+            target, slug, lambda: step("real_loaded", "real", "force" if force else "")
+        )
+        loaded = step("checksum_loaded", "checksum")
+        out["dead_rows_loaded"] = loaded.get("dead_rows")
     target.drop_work()
     return out
 
@@ -734,6 +848,33 @@ def render_section(
             f"table + indexes {after['table_bytes'] / 1e6:.0f} MB | — |"
         )
     lines.append("")
+    loaded = [(name, m[key]) for name, key in (("dry run", "api_dry"), ("real run", "api_real")) if key in m]
+    if loaded:
+        dry_s = _s(m.get("dry_loaded", {}).get("seconds"))
+        real_s = _s(m.get("real_loaded", {}).get("seconds"))
+        lines += [
+            "The API during a run (issue 16, item 3): a second process calls POST /entries, PATCH "
+            "/entries/{id} (a title) and POST /entries/{id}/access one after another, ~20 a second, "
+            "from 2 s before the run to 2 s after it (a dry and a real run again, on the workspace "
+            f"the restore left; dry {dry_s} s, real {real_s} s).",
+            "",
+            "| during the | calls | p50 ms | p99 ms | max ms | errors (5xx, exceptions) | refused (4xx) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, stats in loaded:
+            if "stopped" in stats:
+                lines.append(f"| {name} | {stats['stopped']} | — | — | — | — | — |")
+                continue
+            for op, x in stats["ops"].items():
+                errs = sum(v for k, v in stats["errors"].items() if k.startswith(op + " "))
+                refused = sum(v for k, v in stats["refused"].items() if k.startswith(op + " "))
+                lines.append(
+                    f"| {name}: {op} | {x['n']:,} | {x['p50'] * 1000:.0f} | {x['p99'] * 1000:.0f} | "
+                    f"{x['max'] * 1000:.0f} | {errs} | {refused} |"
+                )
+            if stats["errors"]:
+                lines.append(f"| {name}: errors by kind | {stats['errors']} | | | | | |")
+        lines.append("")
     # Per pass.
     table: dict[str, dict[str, dict[str, Any]]] = {}
     order: list[str] = []
@@ -895,6 +1036,11 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per step before it is stopped")
     parser.add_argument(
         "--max-rss-mb", type=float, default=4000, help="memory a step may take before it is stopped"
+    )
+    parser.add_argument(
+        "--api-load",
+        action="store_true",
+        help="then a dry and a real run again while a second process calls the API (issue 16, item 3)",
     )
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args()
