@@ -638,6 +638,11 @@ def _tags(workspace: Workspace, names: Iterable[str]) -> list[Tag]:
 
 
 def _events(ctx: RunContext, rows: Iterable[Mapping[str, Any]], *, to_status: str, reason: str) -> None:
+    if ctx.planning:
+        # The plan is rolled back and no pass reads the events of its own run (the bookkeeping
+        # pass reclaims only events older than the audit retention): inserting them there,
+        # one per change, was work undone at once.
+        return
     LifecycleEvent.objects.bulk_create(
         LifecycleEvent(
             workspace=ctx.workspace,
