@@ -43,7 +43,7 @@ from maintenance import backups, bookkeeping, lease, passes, proposals, scoring_
 from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus
 from maintenance.passes import LeaseLost, PassResult, RunContext
 from maintenance.policy import PolicyValues, clamp_value, clean_tags
-from memory import live
+from memory import events, live
 from memory.models import Entry, Status, Workspace
 
 log = logging.getLogger(__name__)
@@ -242,10 +242,11 @@ class Progress:
     During the apply phase every pass commits its own batches, so the row is updated and the
     page told at once. The plan is one transaction that is rolled back: on PostgreSQL its
     progress is written from a connection of its own (committed at once, as the lease's
-    ``keep_alive``; at most every ``ASIDE_EVERY`` seconds), and the page hears of the run again
-    with the apply phase's first pass; on SQLite (the plan holds the database's only write lock)
-    the row says "plan" until the plan is over. A run started inside a caller's transaction
-    (nobody else can see its row before that commits) records it in that transaction only."""
+    ``keep_alive``; at most every ``ASIDE_EVERY`` seconds), and the page is told through it too
+    (its outbox row, or straight through a shared channel layer); on SQLite (the plan holds the
+    database's only write lock) the row says "plan" until the plan is over. A run started
+    inside a caller's transaction (nobody else can see its row before that commits) records it
+    in that transaction only."""
 
     def __init__(self, run: MaintenanceRun, kind: str) -> None:
         self.run = run
@@ -274,7 +275,7 @@ class Progress:
                 live.run_progress(self.run)
             elif connection.vendor == "postgresql" and time.monotonic() - self.last_aside >= ASIDE_EVERY:
                 self.last_aside = time.monotonic()
-                _write_aside(self.run.pk, state)
+                _write_aside(self.run, state)
         except Exception:  # progress is a courtesy: it never fails the run
             log.warning("progress of run %s not recorded", self.run.pk, exc_info=True)
 
@@ -284,9 +285,9 @@ class Progress:
 ASIDE_EVERY = 2.0
 
 
-def _write_aside(run_id: int, state: dict[str, Any]) -> None:
+def _write_aside(run: MaintenanceRun, state: dict[str, Any]) -> None:
     """Update the run's progress from a connection of its own (committed at once), for a phase
-    that runs inside one long transaction."""
+    that runs inside one long transaction, and tell the run's open page."""
     import json
 
     side = connections.create_connection(DEFAULT_DB_ALIAS)
@@ -294,8 +295,9 @@ def _write_aside(run_id: int, state: dict[str, Any]) -> None:
         with side.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {MaintenanceRun._meta.db_table} SET progress = %s WHERE id = %s",
-                [json.dumps(state), run_id],
+                [json.dumps(state), run.pk],
             )
+            events.deliver_aside(run.workspace_id, live.progress_renderer(run)(run.workspace_id), cursor)
     finally:
         side.close()
 

@@ -81,6 +81,31 @@ def deliver(workspace_id: int, html: str) -> None:
     _send(layer, workspace_id, html)
 
 
+def deliver_aside(workspace_id: int, html: str, cursor: Any) -> None:
+    """Send now from inside a transaction that will be rolled back (a maintenance plan): the
+    outbox row, when the layer needs one, is written through ``cursor``, a connection of its
+    own that commits at once. Never raises."""
+    try:
+        layer = get_channel_layer()
+    except Exception:
+        log.exception("live update of workspace %s dropped: no channel layer", workspace_id)
+        return
+    if layer is None:
+        return
+    if uses_outbox(layer):
+        from memory.models import LiveMessage
+
+        try:
+            cursor.execute(
+                f"INSERT INTO {LiveMessage._meta.db_table} (workspace_id, html, origin, created_at)"
+                " VALUES (%s, %s, %s, %s)",
+                [workspace_id, html, origin(), timezone.now()],
+            )
+        except Exception:
+            log.warning("live update of workspace %s not written to the outbox", workspace_id, exc_info=True)
+    _send(layer, workspace_id, html)
+
+
 def _send(layer: BaseChannelLayer, workspace_id: int, html: str) -> None:
     message = {"type": "workspace.update", "html": html}
 

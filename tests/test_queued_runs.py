@@ -32,7 +32,7 @@ from maintenance.revert import revert_run
 from maintenance.runs import rows_done, run_maintenance, steps
 from maintenance.tasks import dispatch_due_maintenance, run_queued
 from memory import live, services
-from memory.models import Entry, LifecycleEvent
+from memory.models import Entry, LifecycleEvent, LiveMessage
 from tests.helpers_runs import finish_queued, post_run, queued_tasks, work_queued_runs
 from tests.helpers_subprocess import (
     ROOT,
@@ -434,6 +434,10 @@ def test_the_plans_progress_is_written_from_a_side_connection_on_postgresql(monk
         keys.index("stale_marked") + 1,
     )
     assert MaintenanceRun.objects.get(pk=result["run_id"]).progress["phase"] == "done"
+    # The open run page was told too: the outbox row (the embedded layer) written beside the
+    # progress survived the plan's rollback.
+    told = [m.html for m in LiveMessage.objects.filter(workspace_id=ws.pk) if "planning, pass" in m.html]
+    assert any("<code>stale_marked</code>" in html for html in told), told
 
 
 def test_a_blocked_runs_affected_entries_are_the_ones_its_record_keeps(workspace, key):
