@@ -15,9 +15,10 @@ interval a slow drain would legitimately start a second round).
 
 Then, for each worker count, a fresh copy of the template (``CREATE DATABASE … TEMPLATE``) and
 a real ``manage.py qcluster`` with ``Q_WORKERS`` workers on it. The benchmark calls the
-dispatcher once (every workspace is due for a full run: it enqueues one task each) and, while the cluster drains them, calls it again every ``--dispatch-every`` seconds as
-the cluster's own two-minute schedule does (which runs too), so a dispatcher that enqueued a
-run twice would show. It waits until no task is queued and no run is queued or running, then
+dispatcher once (every workspace is due for a full run: it enqueues one task each) and,
+while the cluster drains them, calls it again every ``--dispatch-every`` seconds as the
+cluster's own two-minute schedule does (which runs too), so a dispatcher that enqueued a run
+twice would show. It waits until no task is queued and no run is queued or running, then
 stops the cluster (SIGTERM) and reads the run rows:
 
 * every due run happened once: one full run per workspace that ran (succeeded, proposed or
@@ -338,7 +339,7 @@ def report(args: argparse.Namespace, prep: dict[str, Any], results: list[dict[st
             f"| {r['workers']} | {r['wall_s']:.1f} | {r['wall_s'] / base:.2f}× | {r['full_ran']} / "
             f"{args.workspaces} | {r['decay_ran']} / {r['decay_skipped']} | {r['failed']} | "
             f"{len(r['duplicates'])} | {r['peak_overlap']} | {r['full_mean_s']:.2f} | "
-            f"{', '.join(str(n) for n in r['enqueued'])} | {r['load'][0]:.2f} → {r['load'][1]:.2f} |"
+            f"{_enqueued(r['enqueued'])} | {r['load'][0]:.2f} → {r['load'][1]:.2f} |"
         )
     lines += [
         "",
@@ -354,6 +355,13 @@ def report(args: argparse.Namespace, prep: dict[str, Any], results: list[dict[st
             )
     lines += ["", f"<!-- /workers:{args.workspaces}x{args.entries} -->"]
     return "\n".join(lines)
+
+
+def _enqueued(counts: list[int]) -> str:
+    first, rest = counts[0], counts[1:]
+    if not rest:
+        return f"{first:,}"
+    return f"{first:,}, then {sum(rest):,} in {len(rest)} more"
 
 
 HEADER = """# Many workspaces, many workers
