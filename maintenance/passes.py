@@ -184,27 +184,33 @@ def transition(
     detail_fields: tuple[str, ...] = (),
 ) -> PassResult:
     """Move every candidate to ``to_status`` in batches: one transaction per batch holding the
-    status UPDATE, the LifecycleEvents and (for tombstones) the Tombstone rows."""
+    status UPDATE, the LifecycleEvents and (for tombstones) the Tombstone rows.
+
+    The candidates' ids are read once (one statement); each batch then locks its ids and reads
+    them again through the whole predicate, so a row that stopped qualifying meanwhile (an
+    operator pinned or held it) is left alone. Restricted to a batch's ids, the predicate's
+    link checks are index lookups per row; a keyset walk (``pk > last``, LIMIT) made
+    PostgreSQL build them as hash tables over every link and entry for each batch: 180 ms a
+    batch, 15 of the decay pass's 16 s at 100,000 entries."""
     result = PassResult()
-    last = 0
     grace = timedelta(days=ctx.policy.purge_grace_days)
-    while True:
+    ids_all = list(candidates.order_by("pk").values_list("pk", flat=True))
+    for start in range(0, len(ids_all), ctx.batch_size):
         with transaction.atomic():
             rows = list(
-                candidates.filter(pk__gt=last)
+                candidates.filter(pk__in=ids_all[start : start + ctx.batch_size])
                 .select_for_update(of=("self",))
                 .order_by("pk")
-                .values("pk", "status", "lineage_id", "content_hash", *detail_fields)[: ctx.batch_size]
+                .values("pk", "status", "lineage_id", "content_hash", *detail_fields)
             )
             if not rows:
-                break
+                continue
             if detail_fields:
                 result.extra.setdefault("rows", []).extend(
                     {"id": r["pk"], **{f: r[f] for f in detail_fields}} for r in rows
                 )
             if destructive and not result.ids:
                 ctx.before_destructive()
-            last = rows[-1]["pk"]
             ids = [r["pk"] for r in rows]
             changes: dict[str, Any] = {"status": to_status, "status_changed_at": ctx.now}
             if to_status == Status.ARCHIVED:

@@ -674,3 +674,29 @@ def test_a_plan_renews_its_lease_from_a_side_connection_on_postgresql(monkeypatc
     result = run_maintenance(workspace=ws, now=now, dry_run=True)
     assert result["status"] == "succeeded"
     assert len(seen) == 1 and seen[0][1] > seen[0][0]
+
+
+def test_a_candidate_that_stops_qualifying_before_its_batch_is_left_alone(workspace, now):
+    """The pass reads its candidates' ids first and locks each batch's ids through the whole
+    predicate again: an entry an operator pins while earlier batches are applied keeps its
+    status (here: pinned between the first batch and the second)."""
+    from maintenance import passes
+    from maintenance.policy import PolicyValues
+
+    first, second = (make(workspace, now, age_days=200) for _ in range(2))
+    pinned_meanwhile = []
+
+    def renew() -> bool:  # called after each batch
+        if not pinned_meanwhile:
+            Entry.objects.filter(pk=second.pk).update(pinned=True)
+            pinned_meanwhile.append(second.pk)
+        return True
+
+    run_row = MaintenanceRun.objects.create(workspace=workspace, kind="decay", trigger="cli", started_at=now)
+    ctx = passes.RunContext(
+        workspace=workspace, now=now, policy=PolicyValues(), run=run_row, batch_size=1, renew=renew
+    )
+    passes.score(ctx)
+    result = passes.decay(ctx)
+    assert result.ids == [first.pk]
+    assert (status(first), status(second)) == ("tombstoned", "active")
