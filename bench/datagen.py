@@ -918,6 +918,20 @@ def _generate_postgresql(
     return phases, counts
 
 
+def _count(counts: dict[str, int], b: Batch) -> None:
+    """Add a batch's rows to the per-table counts."""
+    for key, rows in (
+        ("entries", b.entries),
+        ("entry_tags", b.tags),
+        ("links", b.links),
+        ("anchors", b.anchors),
+        ("accesses", b.accesses),
+        ("events", b.events),
+        ("tombstones", b.tombstones),
+    ):
+        counts[key] += len(rows)
+
+
 def _copy_rows(
     raw: Any,
     ws: Any,
@@ -946,16 +960,7 @@ def _copy_rows(
         _copy(raw, "memory_entryaccess", ACCESS_COLS, b.accesses)
         _copy(raw, "memory_lifecycleevent", EVENT_COLS, b.events)
         _copy(raw, "memory_tombstone", TOMBSTONE_COLS, b.tombstones)
-        for key, rows in (
-            ("entries", b.entries),
-            ("entry_tags", b.tags),
-            ("links", b.links),
-            ("anchors", b.anchors),
-            ("accesses", b.accesses),
-            ("events", b.events),
-            ("tombstones", b.tombstones),
-        ):
-            counts[key] += len(rows)
+        _count(counts, b)
         done += len(b.entries)
         if time.perf_counter() - last_log > 15:
             last_log = time.perf_counter()
@@ -1085,16 +1090,7 @@ def _generate_sqlite(
             insert(c, "memory_entryaccess", [f'"{x}"' for x in ACCESS_COLS], b.accesses)
             insert(c, "memory_lifecycleevent", EVENT_COLS, b.events)
             insert(c, "memory_tombstone", TOMBSTONE_COLS, b.tombstones)
-            for key, rows in (
-                ("entries", b.entries),
-                ("entry_tags", b.tags),
-                ("links", b.links),
-                ("anchors", b.anchors),
-                ("accesses", b.accesses),
-                ("events", b.events),
-                ("tombstones", b.tombstones),
-            ):
-                counts[key] += len(rows)
+            _count(counts, b)
         counts["tags"] = len(tag_ids)
         phases["generate + INSERT"] = time.perf_counter() - t
         t = time.perf_counter()

@@ -67,13 +67,17 @@ def publish_html(workspace_id: int, html: str) -> None:
     transaction.on_commit(lambda: deliver(workspace_id, html), robust=True)
 
 
-def deliver(workspace_id: int, html: str) -> None:
-    """Send now (call it after commit). Never raises."""
+def _layer(workspace_id: int) -> BaseChannelLayer | None:
     try:
-        layer = get_channel_layer()
+        return get_channel_layer()
     except Exception:
         log.exception("live update of workspace %s dropped: no channel layer", workspace_id)
-        return
+        return None
+
+
+def deliver(workspace_id: int, html: str) -> None:
+    """Send now (call it after commit). Never raises."""
+    layer = _layer(workspace_id)
     if layer is None:
         return
     if uses_outbox(layer):
@@ -85,11 +89,7 @@ def deliver_aside(workspace_id: int, html: str, cursor: Any) -> None:
     """Send now from inside a transaction that will be rolled back (a maintenance plan): the
     outbox row, when the layer needs one, is written through ``cursor``, a connection of its
     own that commits at once. Never raises."""
-    try:
-        layer = get_channel_layer()
-    except Exception:
-        log.exception("live update of workspace %s dropped: no channel layer", workspace_id)
-        return
+    layer = _layer(workspace_id)
     if layer is None:
         return
     if uses_outbox(layer):
