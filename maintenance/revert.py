@@ -39,20 +39,31 @@ def _revertible(workspace: Workspace) -> QuerySet[LifecycleEvent]:
     )
 
 
+# Ids per lookup query: a statement takes at most 65,535 parameters on PostgreSQL (SQLite's
+# limit depends on its build, 32,766 by default), and a run over 1,000,000 entries changes
+# hundreds of thousands (bench/maintenance.py: its whole-run revert failed so).
+LOOKUP_BATCH = 5000
+
+
+def _chunked(ids: Iterable[int]) -> Iterable[list[int]]:
+    ordered = sorted(set(ids))
+    return (ordered[i : i + LOOKUP_BATCH] for i in range(0, len(ordered), LOOKUP_BATCH))
+
+
 def _latest_ids(workspace: Workspace, entry_ids: Iterable[int]) -> dict[int, int]:
     """Each entry id → the id of its lineage's latest version. An event belongs to the version
     it changed; after a content update the change lives on in the newer version."""
-    lineage_of = {
-        pk: lineage or pk
-        for pk, lineage in Entry.objects.filter(workspace=workspace, pk__in=set(entry_ids)).values_list(
-            "pk", "lineage_id"
+    lineage_of: dict[int, int] = {}
+    for chunk in _chunked(entry_ids):
+        rows = Entry.objects.filter(workspace=workspace, pk__in=chunk).values_list("pk", "lineage_id")
+        lineage_of.update((pk, lineage or pk) for pk, lineage in rows)
+    latest: dict[int, int] = {}
+    for chunk in _chunked(lineage_of.values()):
+        latest.update(
+            Entry.objects.filter(workspace=workspace, lineage_id__in=chunk, is_latest=True).values_list(
+                "lineage_id", "pk"
+            )
         )
-    }
-    latest = dict(
-        Entry.objects.filter(
-            workspace=workspace, lineage_id__in=set(lineage_of.values()), is_latest=True
-        ).values_list("lineage_id", "pk")
-    )
     return {pk: latest[lineage] for pk, lineage in lineage_of.items() if lineage in latest}
 
 

@@ -172,3 +172,13 @@ def test_an_archive_stays_revertible_after_the_entry_gets_new_content(workspace,
     assert reverted["reverted"] == [newer.pk]
     assert status(newer) == "stale"
     assert LifecycleEvent.objects.get(entry=newer, reason="revert").reverts.entry_id == stale.pk
+
+
+def test_the_lookup_of_a_huge_revert_stays_within_the_databases_parameter_limits(workspace):
+    """A run over a million entries changes hundreds of thousands: one query with their ids as
+    parameters failed on PostgreSQL (at most 65,535; SQLite's limit depends on its build).
+    70,000 ids that name no entry need no rows to show it."""
+    from maintenance.revert import _latest_ids
+
+    entry = services.entry_create(workspace=workspace, content="the one entry that exists here")
+    assert _latest_ids(workspace, [entry.pk, *range(10**9, 10**9 + 70_000)]) == {entry.pk: entry.pk}
