@@ -59,11 +59,8 @@ def _latest_ids(workspace: Workspace, entry_ids: Iterable[int]) -> dict[int, int
         lineage_of.update((pk, lineage or pk) for pk, lineage in rows)
     latest: dict[int, int] = {}
     for chunk in _chunked(lineage_of.values()):
-        latest.update(
-            Entry.objects.filter(workspace=workspace, lineage_id__in=chunk, is_latest=True).values_list(
-                "lineage_id", "pk"
-            )
-        )
+        found = Entry.objects.filter(workspace=workspace, lineage_id__in=chunk, is_latest=True)
+        latest.update((lineage, pk) for lineage, pk in found.values_list("lineage_id", "pk") if lineage)
     return {pk: latest[lineage] for pk, lineage in lineage_of.items() if lineage in latest}
 
 
