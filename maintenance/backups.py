@@ -43,6 +43,8 @@ import os
 import re
 import tempfile
 import zlib
+from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -501,15 +503,25 @@ def _parse_or_empty(raw: bytes | None) -> dict[str, Any]:
         return {}
 
 
-def read_backup(path: Source, progress: Progress | None = None) -> tuple[Header, Rows, dict[str, Any]]:
-    """Read and verify a backup file, from the storage or a local path, streamed: (header,
-    rows by kind, trailer).
+class _Counted(NamedTuple):
+    header: Header
+    trailer: dict[str, Any]
+    counts: dict[str, int]
+
+
+def _scan(
+    path: Source, on_row: Callable[[str, dict[str, Any]], None], progress: Progress | None = None
+) -> _Counted:
+    """Stream a backup file once, calling ``on_row(kind, row)`` for each well-formed row in file
+    order, and verify it as a whole at the end: (header, trailer, rows per kind).
 
     Raises BackupError when the file is unreadable, truncated (no trailer), altered (checksum
-    mismatch), inconsistent (counts mismatch) or not in a format this version reads.
+    mismatch), inconsistent (counts mismatch) or not in a format this version reads. The rows
+    were handed out before that verdict: a caller that writes them does so in a transaction that
+    the error rolls back (or verifies the file in an earlier scan).
     """
     digest = hashlib.sha256()
-    rows: Rows = {name: [] for name in ALL_KINDS}
+    found = dict.fromkeys(ALL_KINDS, 0)
     header: Header | None = None
     previous: bytes | None = None
     problem: str | None = None  # the first malformed line, reported only if the checksum holds
@@ -529,7 +541,8 @@ def read_backup(path: Source, progress: Progress | None = None) -> tuple[Header,
                                 raise ValueError(f"unknown kind {kind!r}")
                             if not isinstance(row, dict):
                                 raise ValueError("no row")
-                            rows[kind].append(row)
+                            found[kind] += 1
+                            on_row(kind, row)
                     except ValueError as exc:  # JSON and UTF-8 errors included
                         problem = problem or f"line {number}: {exc}"
                 number += 1
@@ -557,7 +570,6 @@ def read_backup(path: Source, progress: Progress | None = None) -> tuple[Header,
         raise BackupError(f"{path}: not a backup file (no header)")
     if header.get("format") != FORMAT:
         raise BackupError(f"{path}: unsupported format {header.get('format')!r}")
-    found = {name: len(items) for name, items in rows.items()}
     stated = trailer.get("counts")
     if (
         not isinstance(stated, dict)
@@ -565,7 +577,16 @@ def read_backup(path: Source, progress: Progress | None = None) -> tuple[Header,
         or set(stated) - set(found)
     ):
         raise BackupError(f"{path}: counts mismatch (the file holds {_counts_text(found)})")
-    return header, rows, trailer
+    return _Counted(header, trailer, found)
+
+
+def read_backup(path: Source, progress: Progress | None = None) -> tuple[Header, Rows, dict[str, Any]]:
+    """Read and verify a whole backup file into memory: (header, rows by kind, trailer). For
+    inspecting a file; a restore streams it instead (``_scan``). Raises BackupError as
+    ``_scan`` does."""
+    rows: Rows = {name: [] for name in ALL_KINDS}
+    scanned = _scan(path, lambda kind, row: rows[kind].append(row), progress)
+    return scanned.header, rows, scanned.trailer
 
 
 def _counts_text(counts: dict[str, int]) -> str:
@@ -641,30 +662,36 @@ def _open(source: Source) -> Iterator[Any]:
             yield handle
 
 
-def _check_rows(rows: Rows) -> None:
-    """Columns this version knows, an id on every row, and datetimes that parse."""
-    for name, items in rows.items():
-        if name == WORKSPACE_KIND:
-            known, dates = set(_WORKSPACE_COLUMNS), {"created_at"}
-        else:
-            fields = KIND_BY_NAME[name].fields
-            known = {f.attname for f in fields}
-            dates = {f.attname for f in fields if isinstance(f, models.DateTimeField)}
-        for row in items:
-            unknown = set(row) - known
-            if unknown:
-                raise BackupError(f"{name} row: unknown column(s) {', '.join(sorted(unknown))}")
-            if name != WORKSPACE_KIND and (
-                isinstance(row.get("id"), bool) or not isinstance(row.get("id"), int)
-            ):
-                raise BackupError(f"{name} row: no id")
-            for column in dates & set(row):
-                if row[column] is None:
-                    continue
-                try:
-                    _parse_datetime(row[column])
-                except (TypeError, ValueError):
-                    raise BackupError(f"{name} row {row.get('id')}: {column} is not a date-time") from None
+def _check_row(name: str, row: dict[str, Any]) -> str | None:
+    """What is wrong with a row of the file, if anything: a column this version does not know,
+    no id, or a datetime that does not parse."""
+    if name == WORKSPACE_KIND:
+        known, dates = _WORKSPACE_CHECK
+    else:
+        known, dates = _KIND_CHECKS[name]
+    unknown = set(row) - known
+    if unknown:
+        return f"{name} row: unknown column(s) {', '.join(sorted(unknown))}"
+    if name != WORKSPACE_KIND and (isinstance(row.get("id"), bool) or not isinstance(row.get("id"), int)):
+        return f"{name} row: no id"
+    for column in dates & set(row):
+        if row[column] is None:
+            continue
+        try:
+            _parse_datetime(row[column])
+        except (TypeError, ValueError):
+            return f"{name} row {row.get('id')}: {column} is not a date-time"
+    return None
+
+
+_WORKSPACE_CHECK = (frozenset(_WORKSPACE_COLUMNS), frozenset({"created_at"}))
+_KIND_CHECKS = {
+    k.name: (
+        frozenset(f.attname for f in k.fields),
+        frozenset(f.attname for f in k.fields if isinstance(f, models.DateTimeField)),
+    )
+    for k in KINDS
+}
 
 
 def _changed(kind: _Kind, row: dict[str, Any], existing: dict[str, Any]) -> tuple[str, ...]:
@@ -676,14 +703,23 @@ def _is_newer(kind: _Kind, existing: dict[str, Any], taken_at: datetime) -> bool
     return any(existing.get(f) is not None and existing[f] > taken_at for f in kind.newer)
 
 
-def _plan_rows(kind: _Kind, rows: list[dict[str, Any]], ws_id: int | None, taken_at: datetime) -> _Plan:
+def _plan_rows(
+    kind: _Kind,
+    rows: list[dict[str, Any]],
+    ws_id: int | None,
+    taken_at: datetime,
+    leaving: set[int] | frozenset[int] = frozenset(),
+) -> _Plan:
     """Match backup rows to existing ones: by id within the workspace, then by the natural key
-    within the workspace; an id held by another workspace is a clash; the rest are inserted."""
+    within the workspace; an id held by another workspace is a clash; the rest are inserted.
+    ``leaving``: entries the restore already made not latest, compared as they were."""
     plan = _Plan(kind)
     manager = kind.model._default_manager
     wanted = ["workspace_id", *kind.columns]
     for chunk in _chunks(rows):
         by_pk = {r["id"]: r for r in manager.filter(pk__in=[r["id"] for r in chunk]).values(*wanted)}
+        for pk in leaving.intersection(by_pk):
+            by_pk[pk] = {**by_pk[pk], "is_latest": True}
         by_key: dict[tuple[Any, ...], dict[str, Any]] = {}
         if kind.natural and ws_id is not None:
             first = kind.natural[0]
@@ -843,22 +879,166 @@ def _update(kind: _Kind, updates: list[_Update], ws_id: int) -> None:
         )
 
 
-def _detach_runs(rows: Rows, ws_id: int | None, restored: set[int]) -> None:
-    """A reference to a run that is neither restored nor this workspace's (a backup written
-    before runs were backed up, or a run id another workspace holds in this database) becomes
-    null rather than a dangling foreign key."""
-    ids = {r[c] for k in KINDS for r in rows[k.name] for c in k.runs if r.get(c) is not None}
-    known: set[int] = set(restored)
-    if ws_id is not None:
-        for chunk in _chunks(sorted(ids)):
-            known.update(
-                MaintenanceRun.objects.filter(workspace_id=ws_id, pk__in=chunk).values_list("pk", flat=True)
-            )
-    for k in KINDS:
-        for r in rows[k.name]:
-            for c in k.runs:
-                if r.get(c) is not None and r[c] not in known:
+class _Sorted:
+    """A set of ids as a sorted array of 64-bit integers: 8 bytes an id where a Python set
+    takes about 60 (a million entry ids: 8 MB, not 60)."""
+
+    def __init__(self, ids: array[int]):
+        self.ids = array("q", sorted(ids))
+
+    def __contains__(self, value: object) -> bool:
+        if not isinstance(value, int):
+            return False
+        i = bisect_left(self.ids, value)
+        return i < len(self.ids) and self.ids[i] == value
+
+
+class _Index:
+    """What the verifying scan keeps of a backup for the writing one: the workspace and policy
+    rows, the run ids, the ids that decide which versions stay latest, and the first invalid
+    row. Never the rows themselves."""
+
+    def __init__(self) -> None:
+        self.workspace: list[dict[str, Any]] = []
+        self.policy = 0
+        self.run_ids: set[int] = set()
+        self.entry_ids: array[int] = array("q")
+        self.not_latest_ids: array[int] = array("q")
+        self.latest_lineages: array[int] = array("q")
+        self.latest_without_lineage = False
+        self.problem: str | None = None
+
+    def __call__(self, name: str, row: dict[str, Any]) -> None:
+        if self.problem is None:
+            self.problem = _check_row(name, row)
+        if self.problem is not None:
+            return
+        if name == WORKSPACE_KIND:
+            self.workspace.append(row)
+        elif name == "policy":
+            self.policy += 1
+        elif name == "run":
+            self.run_ids.add(row["id"])
+        elif name == "entry":
+            self.entry_ids.append(row["id"])
+            if not row.get("is_latest"):
+                self.not_latest_ids.append(row["id"])
+            elif isinstance(row.get("lineage_id"), int):
+                self.latest_lineages.append(row["lineage_id"])
+            elif row.get("lineage_id") is None:
+                self.latest_without_lineage = True
+
+
+class _Writer:
+    """The writing scan of a restore: rows arrive in file order (a row points only at kinds
+    above it), a kind's rows in chunks of BATCH, each chunk matched to the database and written
+    before the next is read. What must be refused (clashes, newer rows) is counted on the way
+    and refused at the end, in the same transaction, which the refusal rolls back."""
+
+    def __init__(self, ws_id: int, taken_at: datetime, index: _Index):
+        self.ws_id = ws_id
+        self.taken_at = taken_at
+        self.index = index
+        self.kind: str | None = None
+        self.chunk: list[dict[str, Any]] = []
+        self.inserted = dict.fromkeys(KIND_BY_NAME, 0)
+        self.overwritten = dict.fromkeys(KIND_BY_NAME, 0)
+        self.newer: dict[str, int] = {}
+        self.clashes: dict[str, int] = {}
+        self.tag_ids: dict[int, int] = {}
+        self.leaving: set[int] = set()
+        self.demoted = self.kept = 0
+        self.entries_seen = False
+        self.touched: list[type[models.Model]] = []
+        # Runs the restore inserts (no row anywhere has their id: history is never overwritten)
+        # and runs of this workspace: references to any other run become null.
+        existing: set[int] = set()
+        for ids in _chunks(sorted(index.run_ids)):
+            existing.update(MaintenanceRun.objects.filter(pk__in=ids).values_list("pk", flat=True))
+        self.known_runs = index.run_ids - existing
+        self.unknown_runs: set[int] = set()
+
+    def __call__(self, name: str, row: dict[str, Any]) -> None:
+        if name == WORKSPACE_KIND:
+            return
+        if name != self.kind:
+            self.flush()
+            self.kind = name
+            if name == "entry":
+                self.leave_latest()
+        self.chunk.append(row)
+        if len(self.chunk) >= BATCH:
+            self.flush()
+
+    def leave_latest(self) -> None:
+        """Before the first entry is written: versions written after the backup stop being
+        latest where the backup has a latest version of their lineage (kept, counted as newer),
+        and versions the backup holds as not latest stop being latest first, so that a lineage
+        never has two latest rows, even within one statement (the index is checked row by row)."""
+        if self.entries_seen:
+            return
+        self.entries_seen = True
+        backup_ids = _Sorted(self.index.entry_ids)
+        not_latest = _Sorted(self.index.not_latest_ids)
+        lineages = _Sorted(self.index.latest_lineages)
+        demote: list[int] = []
+        rows = Entry.objects.filter(workspace_id=self.ws_id).values_list("pk", "lineage_id", "is_latest")
+        for pk, lineage, is_latest in rows.iterator(chunk_size=READ_CHUNK):
+            if pk in backup_ids:
+                if is_latest and pk in not_latest:
+                    self.leaving.add(pk)
+                continue
+            self.kept += 1
+            in_lineage = lineage in lineages if lineage is not None else self.index.latest_without_lineage
+            if is_latest and in_lineage:
+                demote.append(pk)
+        self.demoted = len(demote)
+        for ids in _chunks([*demote, *sorted(self.leaving)]):
+            Entry.objects.filter(workspace_id=self.ws_id, pk__in=ids).update(is_latest=False)
+
+    def _detach_runs(self, kind: _Kind, rows: list[dict[str, Any]]) -> None:
+        if not kind.runs:
+            return
+        ids = {r[c] for r in rows for c in kind.runs if r.get(c) is not None}
+        ask = ids - self.known_runs - self.unknown_runs
+        if ask:
+            runs = MaintenanceRun.objects.filter(workspace_id=self.ws_id, pk__in=ask)
+            mine = set(runs.values_list("pk", flat=True))
+            self.known_runs |= mine
+            self.unknown_runs |= ask - mine
+        for r in rows:
+            for c in kind.runs:
+                if r.get(c) is not None and r[c] not in self.known_runs:
                     r[c] = None
+
+    def flush(self) -> None:
+        rows, self.chunk = self.chunk, []
+        if not rows or self.kind is None:
+            return
+        kind = KIND_BY_NAME[self.kind]
+        self._detach_runs(kind, rows)
+        if kind.name == "policy":
+            plan = _plan_policy(rows, self.ws_id, self.taken_at)
+        elif kind.name == "entry_tag":
+            plan = _plan_entry_tags(rows, self.tag_ids)
+        else:
+            plan = _plan_rows(kind, rows, self.ws_id, self.taken_at, leaving=self.leaving)
+        if kind.name == "tag":
+            self.tag_ids.update(plan.remap)
+        if plan.clashes:
+            self.clashes[kind.name] = self.clashes.get(kind.name, 0) + plan.clashes
+        if plan.newer:
+            self.newer[kind.name] = self.newer.get(kind.name, 0) + plan.newer
+        if self.clashes:
+            return  # the restore will be refused: nothing more is written
+        if plan.inserts:
+            _insert(kind, plan.inserts, self.ws_id)
+        if plan.updates:
+            _update(kind, plan.updates, self.ws_id)
+        self.inserted[kind.name] += len(plan.inserts)
+        self.overwritten[kind.name] += len(plan.updates)
+        if (plan.inserts or plan.updates) and kind.model not in self.touched:
+            self.touched.append(kind.model)
 
 
 def restore_backup(
@@ -871,16 +1051,21 @@ def restore_backup(
 ) -> dict[str, Any]:
     """Bring a workspace back to the state of a backup file, in one transaction.
 
-    The file is verified first. Missing rows are inserted with their original ids; existing
-    rows of the workspace are overwritten with the backed-up values; rows written after the
-    backup are kept (a restore never deletes). Refused without writing anything when an id of
-    the backup belongs to another workspace (always), or when a row that would be overwritten
-    changed after the backup was taken (unless ``force``). A version written after the backup
-    whose lineage the backup has a latest version of stops being latest, so that every lineage
-    keeps exactly one.
+    The file is read twice, streamed: first verified whole (checksum, counts, every row's
+    columns), then written chunk by chunk, so a restore holds a chunk of rows in memory, never
+    the file. Missing rows are inserted with their original ids; existing rows of the workspace
+    are overwritten with the backed-up values; rows written after the backup are kept (a restore
+    never deletes). Refused, with nothing written, when an id of the backup belongs to another
+    workspace (always), or when a row that would be overwritten changed after the backup was
+    taken (unless ``force``). A version written after the backup whose lineage the backup has a
+    latest version of stops being latest, so that every lineage keeps exactly one.
+    ``progress`` hears of the rows read by both scans.
     """
     now = now or timezone.now()
-    header, rows, _ = read_backup(path, progress)
+    index = _Index()
+    header = _scan(path, index, progress).header
+    if index.problem:
+        raise BackupError(index.problem)
     slug = header.get("workspace")
     if not isinstance(slug, str) or not _SLUG_RE.match(slug):
         raise BackupError(f"{path}: the header names no valid workspace")
@@ -890,11 +1075,10 @@ def restore_backup(
         taken_at = _parse_datetime(header["created_at"])
     except (KeyError, TypeError, ValueError):
         raise BackupError(f"{path}: the header has no valid created_at") from None
-    _check_rows(rows)
 
     try:
         with transaction.atomic():
-            return _restore(path, slug, rows, taken_at=taken_at, force=force, now=now)
+            return _restore(path, slug, index, taken_at=taken_at, force=force, now=now, progress=progress)
     except (IntegrityError, DataError) as exc:
         raise BackupError(
             f"{_file_name(path)} does not fit the rows written since it was taken ({exc}); "
@@ -903,100 +1087,62 @@ def restore_backup(
 
 
 def _restore(
-    path: Source, slug: str, rows: Rows, *, taken_at: datetime, force: bool, now: datetime
+    path: Source,
+    slug: str,
+    index: _Index,
+    *,
+    taken_at: datetime,
+    force: bool,
+    now: datetime,
+    progress: Progress | None,
 ) -> dict[str, Any]:
     workspace = Workspace.objects.select_for_update().filter(slug=slug).first()
-    ws_id = workspace.pk if workspace else None
-    plans: dict[str, _Plan] = {"run": _plan_rows(KIND_BY_NAME["run"], rows["run"], ws_id, taken_at)}
-    _detach_runs(rows, ws_id, restored={r["id"] for r in plans["run"].inserts})
-
-    plans["policy"] = _plan_policy(rows["policy"], ws_id, taken_at)
-    plans["tag"] = _plan_rows(KIND_BY_NAME["tag"], rows["tag"], ws_id, taken_at)
-    tag_ids = plans["tag"].remap
-    plans["entry"] = _plan_rows(KIND_BY_NAME["entry"], rows["entry"], ws_id, taken_at)
-    plans["entry_tag"] = _plan_entry_tags(rows["entry_tag"], tag_ids)
-    for kind in KINDS:
-        if kind.name not in plans:
-            plans[kind.name] = _plan_rows(kind, rows[kind.name], ws_id, taken_at)
-
-    # Versions written after the backup: kept, but not as a second latest of a lineage.
-    backup_ids = {r["id"] for r in rows["entry"]}
-    latest_lineages = {r["lineage_id"] for r in rows["entry"] if r.get("is_latest")}
-    kept = demote = 0
-    demote_ids: list[int] = []
-    if ws_id is not None:
-        for pk, lineage, is_latest in Entry.objects.filter(workspace_id=ws_id).values_list(
-            "pk", "lineage_id", "is_latest"
-        ):
-            if pk in backup_ids:
-                continue
-            kept += 1
-            if is_latest and lineage in latest_lineages:
-                demote_ids.append(pk)
-        demote = len(demote_ids)
-
-    clashes = {name: p.clashes for name, p in plans.items() if p.clashes}
-    if clashes:
-        raise RestoreRefused(
-            f"refused: {sum(clashes.values())} row(s) of {_file_name(path)} have ids held by another "
-            f"workspace ({_counts_text(clashes)}); nothing was restored"
-        )
-    newer = {name: p.newer for name, p in plans.items() if p.newer}
-    if demote:
-        newer["entry versions"] = demote
-    if newer and not force:
-        raise RestoreRefused(
-            f"refused: {sum(newer.values())} row(s) changed after {_file_name(path)} was taken "
-            f"({_counts_text(newer)}); use --force to overwrite them; nothing was restored"
-        )
-
     created = workspace is None
     if workspace is None:
-        ws_rows = rows[WORKSPACE_KIND]
-        ws_row = ws_rows[0] if ws_rows else {}
+        ws_row = index.workspace[0] if index.workspace else {}
         created_at = ws_row.get("created_at")
         workspace = Workspace.objects.create(
             slug=slug,
             name=ws_row.get("name") or slug,
             created_at=_parse_datetime(created_at) if isinstance(created_at, str) else now,
         )
-        if not rows["policy"]:
+        if not index.policy:
             MaintenancePolicy.objects.create(workspace=workspace)
-    ws_id = workspace.pk
 
-    # Rows that stop being latest go first: the "one latest external_id" index is checked row
-    # by row, so a lineage must never have two latest rows, even within one statement.
-    leaving = [
-        u.row["id"] for u in plans["entry"].updates if "is_latest" in u.columns and not u.row["is_latest"]
-    ]
-    for chunk in _chunks([*demote_ids, *leaving]):
-        Entry.objects.filter(workspace_id=ws_id, pk__in=chunk).update(is_latest=False)
+    writer = _Writer(workspace.pk, taken_at, index)
+    _scan(path, writer, progress)  # the file was verified; this scan checks it again at its end
+    writer.flush()
+    writer.leave_latest()  # a backup without entries still counts the entries it keeps
 
-    touched: list[type[models.Model]] = []
-    for kind in KINDS:
-        plan = plans[kind.name]
-        if plan.inserts:
-            _insert(kind, plan.inserts, ws_id)
-        if plan.updates:
-            _update(kind, plan.updates, ws_id)
-        if plan.inserts or plan.updates:
-            touched.append(kind.model)
+    if writer.clashes:
+        raise RestoreRefused(
+            f"refused: {sum(writer.clashes.values())} row(s) of {_file_name(path)} have ids held by another "
+            f"workspace ({_counts_text(writer.clashes)}); nothing was restored"
+        )
+    newer = dict(writer.newer)
+    if writer.demoted:
+        newer["entry versions"] = writer.demoted
+    if newer and not force:
+        raise RestoreRefused(
+            f"refused: {sum(newer.values())} row(s) changed after {_file_name(path)} was taken "
+            f"({_counts_text(newer)}); use --force to overwrite them; nothing was restored"
+        )
 
-    if touched:
+    if writer.touched:
         # Inserted ids came from the file: move each sequence past them (PostgreSQL; SQLite
         # keeps its own) so the next ordinary insert does not collide with a restored id.
         with connection.cursor() as cursor:
-            for sql in connection.ops.sequence_reset_sql(no_style(), touched):
+            for sql in connection.ops.sequence_reset_sql(no_style(), writer.touched):
                 cursor.execute(sql)
         # Deferred foreign keys would otherwise fail only at commit, with a less useful message.
-        connection.check_constraints(table_names=[m._meta.db_table for m in touched])
+        connection.check_constraints(table_names=[m._meta.db_table for m in writer.touched])
 
     return {
         "workspace": slug,
         "file": str(path),
         "created_workspace": created,
-        "restored": {name: len(plans[name].inserts) for name in KIND_BY_NAME},
-        "overwritten": {name: len(plans[name].updates) for name in KIND_BY_NAME},
-        "demoted_versions": demote,
-        "kept_newer": kept,
+        "restored": writer.inserted,
+        "overwritten": writer.overwritten,
+        "demoted_versions": writer.demoted,
+        "kept_newer": writer.kept,
     }

@@ -321,7 +321,17 @@ def test_an_access_recorded_after_the_backup_counts_as_newer_data(workspace, now
         backups.restore_backup(path)
 
 
-def test_force_overwrites_newer_data_and_keeps_what_was_written_after_the_backup(workspace, now):
+@pytest.fixture
+def small_batches(monkeypatch):
+    """The restore writes in chunks of two rows: every chunk boundary is crossed many times."""
+    monkeypatch.setattr(backups, "BATCH", 2)
+
+
+@pytest.mark.parametrize("batch", [backups.BATCH, 1])
+def test_force_overwrites_newer_data_and_keeps_what_was_written_after_the_backup(
+    workspace, now, batch, monkeypatch
+):
+    monkeypatch.setattr(backups, "BATCH", batch)
     made = populate(workspace, now)
     before = dump(workspace)
     path = backup_path(backups.write_backup(workspace, now=now))
@@ -464,6 +474,77 @@ def test_a_tampered_backup_is_refused_and_changes_nothing(workspace, wiped_backu
         backups.restore_backup(wiped_backup)
 
     assert dump(workspace) == before
+
+
+def test_a_restore_holds_one_chunk_of_rows_at_a_time_and_brings_everything_back(
+    workspace, now, small_batches, monkeypatch
+):
+    populate(workspace, now)
+    before = dump(workspace)
+    path = backup_path(backups.write_backup(workspace, now=now))
+    wipe(workspace)
+    sizes: list[int] = []
+    plan_rows = backups._plan_rows
+
+    def spy(kind, rows, *args, **kwargs):
+        sizes.append(len(rows))
+        return plan_rows(kind, rows, *args, **kwargs)
+
+    monkeypatch.setattr(backups, "_plan_rows", spy)
+
+    result = backups.restore_backup(path)
+
+    assert dump(workspace) == before
+    assert result["restored"] == {name: len(rows) for name, rows in before.items() if name != "workspace"}
+    assert len(sizes) > len(MODELS) and max(sizes) <= 2
+
+
+def test_a_file_altered_between_the_verifying_and_the_writing_scan_restores_nothing(
+    workspace, wiped_backup, small_batches, monkeypatch
+):
+    scan = backups._scan
+    writes: list[int] = []
+    insert = backups._insert
+    monkeypatch.setattr(backups, "_insert", lambda *a: (writes.append(1), insert(*a))[1])
+    scans = 0
+
+    def scan_then_alter(path, on_row, progress=None):
+        nonlocal scans
+        scans += 1
+        result = scan(path, on_row, progress)
+        if scans == 1:  # verified: now the file changes under the restore
+            data = bytearray(gzip.decompress(path.read_bytes()))
+            data[data.index(b"blue/green")] ^= 0x01
+            path.write_bytes(gzip.compress(bytes(data)))
+        return result
+
+    monkeypatch.setattr(backups, "_scan", scan_then_alter)
+    before = dump(workspace)
+
+    with pytest.raises(BackupError, match="checksum mismatch"):
+        backups.restore_backup(wiped_backup)
+
+    assert scans == 2 and writes  # the writing scan wrote rows before it found the change
+    assert dump(workspace) == before
+
+
+def test_a_clash_in_the_last_rows_refuses_the_restore_after_writing_and_leaves_nothing(
+    workspace, other_workspace, now, small_batches
+):
+    populate(workspace, now)
+    path = backup_path(backups.write_backup(workspace, now=now))
+    last = LifecycleEvent.objects.filter(workspace=workspace).order_by("pk").last()
+    assert last is not None
+    wipe(workspace)
+    LifecycleEvent.objects.create(
+        pk=last.pk, workspace=other_workspace, entry_ref=1, to_status="active", reason="create"
+    )
+    before = (dump(workspace), dump(other_workspace))
+
+    with pytest.raises(RestoreRefused, match=r"1 row\(s\) .* held by another workspace \(event: 1\)"):
+        backups.restore_backup(path, force=True)
+
+    assert (dump(workspace), dump(other_workspace)) == before
 
 
 def test_a_backup_without_its_trailer_is_refused_as_truncated(workspace, wiped_backup):
