@@ -326,7 +326,7 @@ def review_counts(workspace: Workspace, *, known: Mapping[str, int] | None = Non
     known = known or {}
     counters = {
         "pending": lambda: proposals.open_count(workspace),
-        "hygiene": lambda: len(hygiene.candidates(workspace)),
+        "hygiene": lambda: hygiene.count(workspace),
         "automatic": lambda: automatic_changes(workspace).count(),
         "tombstones": lambda: open_tombstones(workspace).count(),
         "disputes": lambda: Dispute.objects.filter(workspace=workspace, status=DisputeStatus.OPEN).count(),

@@ -49,12 +49,14 @@ and e-mail addresses (``docs/api.rst`` is documentation, not source). ``clean_re
 validates a list for storage and refuses a bad one; at run time a stored pattern that does not
 compile is skipped, never a crash.
 
-**Services** (ORM): ``preview``, ``apply``, ``keep`` and ``archive_low_quality`` (pass 6). They
-read entries in keyset batches of plain values and find duplicates with one query per batch,
-so the number of queries does not grow with the number of entries. The text detectors' verdict
-is stored per entry (``HygieneAssessment``) and reused while the entry's title and content hash
-and the residue patterns (with ``DETECTORS_VERSION``) stay the ones it was made with: a scan
-reads the text only of the entries it has to assess again.
+**Services** (ORM): ``preview``, ``count``, ``candidates``, ``apply``, ``keep`` and
+``archive_low_quality`` (pass 6). The text detectors' verdict and its points are stored per
+entry (``HygieneAssessment``) and reused while the entry's title and content hash and the
+residue patterns (with ``DETECTORS_VERSION``) stay the ones it was made with. The queue first
+assesses the entries that have no valid verdict (keyset batches), then lets the database add
+the column reasons' points, filter, count and rank (``_scored``): a page or the tab's count
+reads no entry it does not show. Pass 6 scans in batches instead, since a run's plan must not
+store verdicts.
 """
 
 from __future__ import annotations
@@ -68,7 +70,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, JSONField, OuterRef, QuerySet, Subquery
+from django.db.models import (
+    Case,
+    Exists,
+    F,
+    IntegerField,
+    JSONField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
 from django.utils import timezone
 
 from maintenance.models import HygieneAssessment, MaintenancePolicy
@@ -90,6 +104,16 @@ from memory.models import (
 from memory.services import neighbour_ids
 
 MIN_CONTENT_WORDS = 9
+# Points of each reason: the detectors below and the SQL score of ``_scored`` read them here.
+POINTS = {
+    "incomplete_fragment": 2,
+    "truncated_or_unbalanced": 2,
+    "code_heavy": 1,
+    "implementation_residue": 2,
+    "exact_duplicate": 4,
+    "flagged_by_feedback": 2,
+    "legacy_import": 1,
+}
 CANDIDATE_SCORE = 2  # listed from 2 points: legacy_import (1) alone never lists an entry
 ARCHIVE_SCORE = 4
 EXCERPT_CHARS = 300
@@ -226,7 +250,9 @@ def incomplete_fragment(title: str, content: str) -> Reason | None:
     if n >= MIN_CONTENT_WORDS:
         return None
     words = "content word" if n == 1 else "content words"
-    return Reason("incomplete_fragment", 2, f"{n} {words} (fewer than {MIN_CONTENT_WORDS})")
+    return Reason(
+        "incomplete_fragment", POINTS["incomplete_fragment"], f"{n} {words} (fewer than {MIN_CONTENT_WORDS})"
+    )
 
 
 def _unbalanced(text: str) -> list[str]:
@@ -253,7 +279,7 @@ def truncated_or_unbalanced(title: str, content: str) -> Reason | None:
     problems += [f"title: {p}" for p in _unbalanced(title)] + _unbalanced(content)
     if not problems:
         return None
-    return Reason("truncated_or_unbalanced", 2, "; ".join(problems))
+    return Reason("truncated_or_unbalanced", POINTS["truncated_or_unbalanced"], "; ".join(problems))
 
 
 _CODE_START = re.compile(
@@ -300,12 +326,16 @@ def code_heavy(content: str) -> Reason | None:
     ticks = content.count("`")
     density = ticks / max(len(content), 1)
     if ticks >= MIN_BACKTICKS and density > BACKTICK_DENSITY:
-        return Reason("code_heavy", 1, f"{ticks} backticks, density {density:.3f} (over {BACKTICK_DENSITY})")
+        return Reason(
+            "code_heavy",
+            POINTS["code_heavy"],
+            f"{ticks} backticks, density {density:.3f} (over {BACKTICK_DENSITY})",
+        )
     split = _split(content)
     lines = split.code_lines + len(split.prose_lines)
     code = split.code_lines + sum(1 for line in split.prose_lines if is_code_line(line))
     if lines and code / lines > CODE_SHARE:
-        return Reason("code_heavy", 1, f"{code} of {lines} lines are code")
+        return Reason("code_heavy", POINTS["code_heavy"], f"{code} of {lines} lines are code")
     return None
 
 
@@ -392,25 +422,27 @@ def implementation_residue(title: str, content: str, patterns: Sequence[Pattern]
             found.append(f"'{m.group(0)[:60]}'")
     if not found:
         return None
-    return Reason("implementation_residue", 2, "found " + ", ".join(dict.fromkeys(found)))
+    return Reason(
+        "implementation_residue", POINTS["implementation_residue"], "found " + ", ".join(dict.fromkeys(found))
+    )
 
 
 def exact_duplicate(older_id: int | None) -> Reason | None:
     if older_id is None:
         return None
-    return Reason("exact_duplicate", 4, f"same content as older entry {older_id}")
+    return Reason("exact_duplicate", POINTS["exact_duplicate"], f"same content as older entry {older_id}")
 
 
 def flagged_by_feedback(last_feedback: str | None) -> Reason | None:
     if last_feedback not in FEEDBACK_FLAGS:
         return None
-    return Reason("flagged_by_feedback", 2, f"feedback: {last_feedback}")
+    return Reason("flagged_by_feedback", POINTS["flagged_by_feedback"], f"feedback: {last_feedback}")
 
 
 def legacy_import(source: str) -> Reason | None:
     if source != Source.IMPORT:
         return None
-    return Reason("legacy_import", 1, "imported (source import)")
+    return Reason("legacy_import", POINTS["legacy_import"], "imported (source import)")
 
 
 def assess(
@@ -445,7 +477,7 @@ def column_reasons(*, source: str, last_feedback: str | None, duplicate_of: int 
 
 
 # Bump when a detector changes: every stored assessment is then made again.
-DETECTORS_VERSION = "1"
+DETECTORS_VERSION = "2"  # 2: assessments store their points
 
 
 def patterns_key(patterns: Sequence[Pattern]) -> str:
@@ -550,6 +582,7 @@ def _text_reasons_of(rows: list[dict[str, Any]], patterns: Sequence[Pattern], *,
                     title=title,
                     patterns_key=key,
                     reasons=[x.as_dict() for x in r["text_reasons"]],
+                    points=score(r["text_reasons"]),
                 )
             )
     if store and fresh:
@@ -557,7 +590,7 @@ def _text_reasons_of(rows: list[dict[str, Any]], patterns: Sequence[Pattern], *,
             fresh,
             update_conflicts=True,
             unique_fields=["entry"],
-            update_fields=["content_hash", "title", "patterns_key", "reasons"],
+            update_fields=["content_hash", "title", "patterns_key", "reasons", "points"],
         )
 
 
@@ -607,18 +640,116 @@ def _scan(
         on_batch()
 
 
-def candidates(workspace: Workspace) -> list[Candidate]:
-    """Every hygiene candidate of the workspace, best first: score desc, created_at, id."""
-    policy, patterns = _policy(workspace)
-    found = list(_scan(workspace, _eligible(workspace, policy), patterns))
-    found.sort(key=lambda c: (-c.score, c.created_at, c.id))
+def _stored(patterns: Sequence[Pattern]) -> QuerySet[HygieneAssessment]:
+    """The valid stored assessment of the outer entry: same title, content hash and patterns."""
+    return HygieneAssessment.objects.filter(
+        entry=OuterRef("pk"),
+        content_hash=OuterRef("content_hash"),
+        title=OuterRef("title"),
+        patterns_key=patterns_key(patterns),
+    )
+
+
+def _assess_missing(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Pattern]) -> None:
+    """Assess and store the entries of ``qs`` that have no valid stored assessment (keyset
+    batches; once every entry has one, this is one query that finds none)."""
+    missing = qs.exclude(Exists(_stored(patterns)))
+    last = 0
+    while True:
+        rows = [
+            {**r, "stored_reasons": None}
+            for r in missing.filter(pk__gt=last).order_by("pk").values(*_SCAN_FIELDS)[:BATCH_SIZE]
+        ]
+        if not rows:
+            return
+        last = rows[-1]["pk"]
+        _text_reasons_of(rows, patterns, store=True)
+
+
+def _scored(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Pattern]) -> QuerySet[Entry]:
+    """The entries of ``qs`` that are candidates, with their score (``hygiene_points``) and
+    stored text reasons (``stored_reasons``), computed by the database: the stored text points
+    plus the column reasons (an older live copy, flagging feedback, an import) — the rule of
+    ``assess`` and ``score``, read from the same POINTS (a parity test compares both). Entries
+    without a valid stored assessment are not seen: ``_assess_missing`` first."""
+    stored = _stored(patterns)
+    older_copy = Entry.objects.filter(
+        workspace=workspace,
+        is_latest=True,
+        status__in=LIVE_STATUSES,
+        content_hash=OuterRef("content_hash"),
+    ).filter(
+        Q(created_at__lt=OuterRef("created_at")) | Q(created_at=OuterRef("created_at"), pk__lt=OuterRef("pk"))
+    )
+    points = (
+        Subquery(stored.values("points")[:1], output_field=IntegerField())
+        + Case(When(Exists(older_copy), then=Value(POINTS["exact_duplicate"])), default=Value(0))
+        + Case(
+            When(last_feedback__in=FEEDBACK_FLAGS, then=Value(POINTS["flagged_by_feedback"])),
+            default=Value(0),
+        )
+        + Case(When(source=Source.IMPORT, then=Value(POINTS["legacy_import"])), default=Value(0))
+    )
+    return qs.annotate(
+        hygiene_points=points,
+        stored_reasons=Subquery(stored.values("reasons")[:1], output_field=JSONField()),
+    ).filter(hygiene_points__gte=CANDIDATE_SCORE)
+
+
+_RANKED = ("-hygiene_points", "created_at", "pk")
+
+
+def _candidates_of(workspace: Workspace, rows: list[dict[str, Any]]) -> list[Candidate]:
+    """Candidates from rows of ``_scored`` (their order kept): the stored text reasons and the
+    column reasons, the duplicate's older id found for these rows alone (one query)."""
+    oldest = _oldest_live(workspace, {r["content_hash"] for r in rows})
+    found = []
+    for r in rows:
+        first = oldest.get(r["content_hash"])
+        older = first[1] if first and first < (r["created_at"], r["pk"]) else None
+        reasons = [
+            *(Reason(**d) for d in r["stored_reasons"] or []),
+            *column_reasons(source=r["source"], last_feedback=r["last_feedback"], duplicate_of=older),
+        ]
+        found.append(Candidate(r["pk"], r["created_at"], r["access_count"], tuple(reasons)))
     return found
 
 
+def _ranked(workspace: Workspace) -> QuerySet[Entry]:
+    """Every candidate of the workspace, best first (score desc, created_at, id), scored by the
+    database after the entries without a valid stored assessment have been assessed."""
+    policy, patterns = _policy(workspace)
+    eligible = _eligible(workspace, policy)
+    _assess_missing(workspace, eligible, patterns)
+    return _scored(workspace, eligible, patterns).order_by(*_RANKED)
+
+
+def candidates(workspace: Workspace) -> list[Candidate]:
+    """Every hygiene candidate of the workspace, best first: score desc, created_at, id."""
+    rows = _ranked(workspace).values(*_SCAN_FIELDS, "stored_reasons")
+    found: list[Candidate] = []
+    chunk: list[dict[str, Any]] = []
+    for row in rows.iterator(chunk_size=BATCH_SIZE):
+        chunk.append(row)
+        if len(chunk) == BATCH_SIZE:
+            found += _candidates_of(workspace, chunk)
+            chunk = []
+    return found + _candidates_of(workspace, chunk)
+
+
+def count(workspace: Workspace) -> int:
+    """How many hygiene candidates the workspace has (the review tab's count): one COUNT."""
+    return _ranked(workspace).count()
+
+
 def preview(workspace: Workspace, *, limit: int = 50, offset: int = 0) -> dict[str, Any]:
-    """The hygiene queue (SPEC §4.4): ``count`` candidates in all, and one page of them."""
-    found = candidates(workspace)
-    page = found[max(offset, 0) : max(offset, 0) + max(limit, 0)]
+    """The hygiene queue (SPEC §4.4): ``count`` candidates in all, and one page of them: the
+    database counts and ranks them, and only the page's rows are read."""
+    ranked = _ranked(workspace)
+    start = max(offset, 0)
+    page = _candidates_of(
+        workspace, list(ranked.values(*_SCAN_FIELDS, "stored_reasons")[start : start + max(limit, 0)])
+    )
     rows = {
         r["pk"]: r
         for r in Entry.objects.filter(pk__in=[c.id for c in page]).values(
@@ -626,7 +757,7 @@ def preview(workspace: Workspace, *, limit: int = 50, offset: int = 0) -> dict[s
         )
     }
     return {
-        "count": len(found),
+        "count": ranked.count(),
         "candidates": [
             {
                 "id": c.id,

@@ -10,6 +10,8 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from maintenance import hygiene
 from maintenance.hygiene import (
@@ -827,3 +829,71 @@ def test_command_preview_apply_and_keep(workspace, now):
     )
     assert LifecycleEvent.objects.get(entry_id=junk.pk, reason="hygiene").actor == "cli"
     assert command("--workspace", "acme") == "0 candidates; none on this page\n"
+
+
+# --- the database's score and the detectors' agree ---------------------------------------------
+
+_TEXTS = [
+    GOOD,
+    JUNK,
+    "short note",
+    "An implementation plan for the cache layer, with every step the team agreed on today...",
+    "Call `a()` then `b()` and `c()` before `d()` on every `e()` run.",
+    "Deploy through the blue/green switch (never straight to prod",
+]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(
+    rows=[
+        (0, 30.0, "agent", "", "active", True),  # a pinned older copy still counts
+        (0, 2.0, "agent", "", "active", False),  # duplicate of it: 4 points
+        (0, 2.0, "agent", "", "active", False),  # same age: the higher id is the duplicate
+        (1, 30.0, "import", "", "archived", False),  # not live: no copy, not eligible
+        (1, 1.0, "operator", "", "active", False),
+        (2, 1.0, "import", "", "active", False),  # fragment 2 + import 1
+        (0, 30.0, "operator", "stale", "staged", False),  # staged: a copy, not eligible
+        (3, 1.0, "agent", "wrong", "active", False),
+        (4, 2.0, "import", "useful", "active", False),
+        (5, 1.0, "agent", "", "active", False),
+    ]
+)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(range(len(_TEXTS))),
+            st.sampled_from([1.0, 2.0, 2.0, 30.0]),  # equal ages: ties broken by id
+            st.sampled_from(["agent", "import", "operator"]),
+            st.sampled_from(["", "useful", "stale", "wrong"]),
+            st.sampled_from(["active", "active", "active", "staged", "archived"]),
+            st.booleans(),  # pinned
+        ),
+        min_size=1,
+        max_size=14,
+    )
+)
+def test_the_database_ranks_exactly_the_candidates_the_detectors_find(workspace, now, rows):
+    """The SQL score (stored text points plus the column reasons) lists and orders the very
+    candidates that assessing every eligible entry in Python does."""
+    Entry.objects.filter(workspace=workspace).delete()
+    for text, age, source, feedback, status, pinned in rows:
+        make(
+            workspace,
+            now,
+            _TEXTS[text],
+            age_days=age,
+            source=source,
+            pinned=pinned,
+            last_feedback=feedback,
+            status=status,
+        )
+    policy, patterns = hygiene._policy(workspace)
+    by_python = sorted(
+        hygiene._scan(workspace, hygiene._eligible(workspace, policy), patterns),
+        key=lambda c: (-c.score, c.created_at, c.id),
+    )
+    assert hygiene.candidates(workspace) == by_python
+    assert hygiene.count(workspace) == len(by_python)
+    page = hygiene.preview(workspace, limit=3, offset=1)
+    assert [c["id"] for c in page["candidates"]] == [c.id for c in by_python[1:4]]
+    assert page["count"] == len(by_python)
