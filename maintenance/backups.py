@@ -531,6 +531,7 @@ def _scan(
             for raw in handle:
                 if previous is not None:
                     digest.update(previous)
+                    row: Any = None
                     try:
                         data = _parse_line(previous)
                         if number == 1:
@@ -542,9 +543,11 @@ def _scan(
                             if not isinstance(row, dict):
                                 raise ValueError("no row")
                             found[kind] += 1
-                            on_row(kind, row)
                     except ValueError as exc:  # JSON and UTF-8 errors included
                         problem = problem or f"line {number}: {exc}"
+                        row = None
+                    if isinstance(row, dict):  # outside the try: the caller's errors are its own
+                        on_row(kind, row)
                 number += 1
                 previous = raw
                 if progress is not None and number % READ_CHUNK == 0:
@@ -921,7 +924,9 @@ class _Index:
             self.run_ids.add(row["id"])
         elif name == "entry":
             self.entry_ids.append(row["id"])
-            if not row.get("is_latest"):
+            if "is_latest" not in row:
+                return  # a column the file lacks is left as it is
+            if not row["is_latest"]:
                 self.not_latest_ids.append(row["id"])
             elif isinstance(row.get("lineage_id"), int):
                 self.latest_lineages.append(row["lineage_id"])
@@ -935,9 +940,10 @@ class _Writer:
     before the next is read. What must be refused (clashes, newer rows) is counted on the way
     and refused at the end, in the same transaction, which the refusal rolls back."""
 
-    def __init__(self, ws_id: int, taken_at: datetime, index: _Index):
+    def __init__(self, ws_id: int, taken_at: datetime, index: _Index, *, force: bool):
         self.ws_id = ws_id
         self.taken_at = taken_at
+        self.force = force
         self.index = index
         self.kind: str | None = None
         self.chunk: list[dict[str, Any]] = []
@@ -993,6 +999,8 @@ class _Writer:
             if is_latest and in_lineage:
                 demote.append(pk)
         self.demoted = len(demote)
+        if self.refused:
+            return
         for ids in _chunks([*demote, *sorted(self.leaving)]):
             Entry.objects.filter(workspace_id=self.ws_id, pk__in=ids).update(is_latest=False)
 
@@ -1010,6 +1018,12 @@ class _Writer:
             for c in kind.runs:
                 if r.get(c) is not None and r[c] not in self.known_runs:
                     r[c] = None
+
+    @property
+    def refused(self) -> bool:
+        """Whether the restore will be refused (an id of another workspace; newer data without
+        force): from then on the scan only counts, so that no write can fail in its place."""
+        return bool(self.clashes) or (not self.force and bool(self.newer or self.demoted))
 
     def flush(self) -> None:
         rows, self.chunk = self.chunk, []
@@ -1029,8 +1043,8 @@ class _Writer:
             self.clashes[kind.name] = self.clashes.get(kind.name, 0) + plan.clashes
         if plan.newer:
             self.newer[kind.name] = self.newer.get(kind.name, 0) + plan.newer
-        if self.clashes:
-            return  # the restore will be refused: nothing more is written
+        if self.refused:
+            return  # the restore will be refused: nothing more is written, only counted
         if plan.inserts:
             _insert(kind, plan.inserts, self.ws_id)
         if plan.updates:
@@ -1063,7 +1077,8 @@ def restore_backup(
     """
     now = now or timezone.now()
     index = _Index()
-    header = _scan(path, index, progress).header
+    scanned = _scan(path, index, progress)
+    header = scanned.header
     if index.problem:
         raise BackupError(index.problem)
     slug = header.get("workspace")
@@ -1078,7 +1093,16 @@ def restore_backup(
 
     try:
         with transaction.atomic():
-            return _restore(path, slug, index, taken_at=taken_at, force=force, now=now, progress=progress)
+            return _restore(
+                path,
+                slug,
+                index,
+                verified=scanned.trailer["sha256"],
+                taken_at=taken_at,
+                force=force,
+                now=now,
+                progress=progress,
+            )
     except (IntegrityError, DataError) as exc:
         raise BackupError(
             f"{_file_name(path)} does not fit the rows written since it was taken ({exc}); "
@@ -1091,6 +1115,7 @@ def _restore(
     slug: str,
     index: _Index,
     *,
+    verified: str,
     taken_at: datetime,
     force: bool,
     now: datetime,
@@ -1109,8 +1134,10 @@ def _restore(
         if not index.policy:
             MaintenancePolicy.objects.create(workspace=workspace)
 
-    writer = _Writer(workspace.pk, taken_at, index)
-    _scan(path, writer, progress)  # the file was verified; this scan checks it again at its end
+    writer = _Writer(workspace.pk, taken_at, index, force=force)
+    # The file was verified; this scan checks it again at its end, and it must be that file.
+    if _scan(path, writer, progress).trailer.get("sha256") != verified:
+        raise BackupError(f"{_file_name(path)} changed while it was restored; nothing was restored")
     writer.flush()
     writer.leave_latest()  # a backup without entries still counts the entries it keeps
 

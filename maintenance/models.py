@@ -381,7 +381,9 @@ class HygieneAssessment(models.Model):
     title = models.TextField(blank=True)
     patterns_key = models.CharField(max_length=64)
     reasons = models.JSONField(default=list)  # [{"code", "points", "detail"}] of the text detectors
-    points = models.IntegerField(default=0, help_text="The reasons' points summed (the SQL score reads it)")
+    points = models.IntegerField(
+        default=0, db_default=0, help_text="The reasons' points summed (the SQL score reads it)"
+    )
 
     def __str__(self) -> str:
         return f"hygiene assessment of entry {self.entry_id}"

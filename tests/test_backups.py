@@ -528,6 +528,52 @@ def test_a_file_altered_between_the_verifying_and_the_writing_scan_restores_noth
     assert dump(workspace) == before
 
 
+def test_a_file_replaced_between_the_scans_by_another_valid_backup_restores_nothing(
+    workspace, now, small_batches, monkeypatch
+):
+    populate(workspace, now)
+    path = backup_path(backups.write_backup(workspace, now=now))
+    services.entry_create(workspace=workspace, content="Written between the two backups.", now=now)
+    other = backup_path(backups.write_backup(workspace, now=now + timedelta(seconds=1)))
+    wipe(workspace)
+    scan = backups._scan
+    scans = 0
+
+    def scan_then_replace(source, on_row, progress=None):
+        nonlocal scans
+        scans += 1
+        result = scan(source, on_row, progress)
+        if scans == 1:  # verified: now another valid backup takes its place
+            source.write_bytes(other.read_bytes())
+        return result
+
+    monkeypatch.setattr(backups, "_scan", scan_then_replace)
+    before = dump(workspace)
+
+    with pytest.raises(BackupError, match="changed while it was restored"):
+        backups.restore_backup(path)
+
+    assert scans == 2
+    assert dump(workspace) == before
+
+
+def test_newer_data_refuses_before_a_write_can_fail_in_its_place(workspace, now, small_batches):
+    """The entry that held external id rule-1 took another since the backup, and a new entry
+    took rule-1: without force the restore says so (409), rather than failing on the unique
+    index while writing."""
+    made = populate(workspace, now)
+    path = backup_path(backups.write_backup(workspace, now=now))
+    later = now + timedelta(hours=1)
+    Entry.objects.filter(pk=made["latest"].pk).update(external_id="rule-2", updated_at=later)
+    services.entry_create(workspace=workspace, content="Now rule one.", external_id="rule-1", now=later)
+    before = dump(workspace)
+
+    with pytest.raises(RestoreRefused, match="use --force"):
+        backups.restore_backup(path)
+
+    assert dump(workspace) == before
+
+
 def test_a_clash_in_the_last_rows_refuses_the_restore_after_writing_and_leaves_nothing(
     workspace, other_workspace, now, small_batches
 ):
