@@ -67,11 +67,12 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import transaction
 from django.db.models import (
     Case,
+    Count,
     Exists,
     F,
     IntegerField,
@@ -82,6 +83,7 @@ from django.db.models import (
     Subquery,
     Value,
     When,
+    Window,
 )
 from django.utils import timezone
 
@@ -667,11 +669,11 @@ def _assess_missing(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequenc
 
 
 def _scored(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Pattern]) -> QuerySet[Entry]:
-    """The entries of ``qs`` that are candidates, with their score (``hygiene_points``) and
-    stored text reasons (``stored_reasons``), computed by the database: the stored text points
-    plus the column reasons (an older live copy, flagging feedback, an import) — the rule of
-    ``assess`` and ``score``, read from the same POINTS (a parity test compares both). Entries
-    without a valid stored assessment are not seen: ``_assess_missing`` first."""
+    """The entries of ``qs`` with their score (``hygiene_points``), computed by the database:
+    the stored text points plus the column reasons (an older live copy, flagging feedback, an
+    import) — the rule of ``assess`` and ``score``, read from the same POINTS (a parity test
+    compares both). NULL for an entry without a valid stored assessment (``_assess_missing``
+    makes them)."""
     stored = _stored(patterns)
     older_copy = Entry.objects.filter(
         workspace=workspace,
@@ -690,13 +692,7 @@ def _scored(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Patter
         )
         + Case(When(source=Source.IMPORT, then=Value(POINTS["legacy_import"])), default=Value(0))
     )
-    return qs.annotate(
-        hygiene_points=points,
-        stored_reasons=Subquery(stored.values("reasons")[:1], output_field=JSONField()),
-    ).filter(hygiene_points__gte=CANDIDATE_SCORE)
-
-
-_RANKED = ("-hygiene_points", "created_at", "pk")
+    return qs.annotate(hygiene_points=points)
 
 
 def _candidates_of(workspace: Workspace, rows: list[dict[str, Any]]) -> list[Candidate]:
@@ -715,41 +711,84 @@ def _candidates_of(workspace: Workspace, rows: list[dict[str, Any]]) -> list[Can
     return found
 
 
-def _ranked(workspace: Workspace) -> QuerySet[Entry]:
-    """Every candidate of the workspace, best first (score desc, created_at, id), scored by the
-    database after the entries without a valid stored assessment have been assessed."""
+class _Queue(NamedTuple):
+    ranked: QuerySet[Entry]  # the candidates, best first, after the entries still to assess
+    rows: QuerySet[Entry]  # the same with their stored text reasons (``stored_reasons``)
+    assess: Callable[[], None]  # assesses those (their points are NULL until then)
+
+
+def _queue(workspace: Workspace) -> _Queue:
+    """The hygiene queue as one statement: candidates best first (score desc, created_at, id),
+    preceded by the eligible entries without a valid stored assessment (NULL points, NULLS
+    FIRST). In the steady state there are none and one pass over the entries answers; when
+    there are, the caller assesses them and asks again."""
     policy, patterns = _policy(workspace)
     eligible = _eligible(workspace, policy)
-    _assess_missing(workspace, eligible, patterns)
-    return _scored(workspace, eligible, patterns).order_by(*_RANKED)
+    ranked = (
+        _scored(workspace, eligible, patterns)
+        .filter(Q(hygiene_points__gte=CANDIDATE_SCORE) | Q(hygiene_points__isnull=True))
+        .order_by(F("hygiene_points").desc(nulls_first=True), "created_at", "pk")
+    )
+    reasons = Subquery(_stored(patterns).values("reasons")[:1], output_field=JSONField())
+    return _Queue(
+        ranked,
+        ranked.annotate(stored_reasons=reasons),
+        lambda: _assess_missing(workspace, eligible, patterns),
+    )
+
+
+_ROW = (*_SCAN_FIELDS, "stored_reasons", "hygiene_points")
 
 
 def candidates(workspace: Workspace) -> list[Candidate]:
     """Every hygiene candidate of the workspace, best first: score desc, created_at, id."""
-    rows = _ranked(workspace).values(*_SCAN_FIELDS, "stored_reasons")
-    found: list[Candidate] = []
-    chunk: list[dict[str, Any]] = []
-    for row in rows.iterator(chunk_size=BATCH_SIZE):
-        chunk.append(row)
-        if len(chunk) == BATCH_SIZE:
-            found += _candidates_of(workspace, chunk)
-            chunk = []
+    queue = _queue(workspace)
+    for attempt in range(2):
+        found: list[Candidate] = []
+        chunk: list[dict[str, Any]] = []
+        for row in queue.rows.values(*_ROW).iterator(chunk_size=BATCH_SIZE):
+            if row["hygiene_points"] is None:  # first, if any: assess, then read again
+                if attempt == 0:
+                    break
+                continue  # changed while assessed: listed next time
+            chunk.append(row)
+            if len(chunk) == BATCH_SIZE:
+                found += _candidates_of(workspace, chunk)
+                chunk = []
+        else:
+            return found + _candidates_of(workspace, chunk)
+        queue.assess()
     return found + _candidates_of(workspace, chunk)
 
 
 def count(workspace: Workspace) -> int:
-    """How many hygiene candidates the workspace has (the review tab's count): one COUNT."""
-    return _ranked(workspace).count()
+    """How many hygiene candidates the workspace has (the review tab's count): one statement
+    in the steady state."""
+    queue = _queue(workspace)
+    got: dict[str, int] = {}
+    for _ in range(2):
+        got = queue.ranked.aggregate(rows=Count("pk"), listed=Count("hygiene_points"))
+        if got["rows"] == got["listed"]:
+            break
+        queue.assess()
+    return got["listed"]
 
 
 def preview(workspace: Workspace, *, limit: int = 50, offset: int = 0) -> dict[str, Any]:
     """The hygiene queue (SPEC §4.4): ``count`` candidates in all, and one page of them: the
-    database counts and ranks them, and only the page's rows are read."""
-    ranked = _ranked(workspace)
-    start = max(offset, 0)
-    page = _candidates_of(
-        workspace, list(ranked.values(*_SCAN_FIELDS, "stored_reasons")[start : start + max(limit, 0)])
+    database counts and ranks them in one statement, and only the page's rows are read."""
+    start, end = max(offset, 0), max(offset, 0) + max(limit, 0)
+    counted = _queue(workspace).rows.annotate(
+        rows=Window(Count("pk")), listed=Window(Count("hygiene_points"))
     )
+    found = list(counted.values(*_ROW, "rows", "listed")[start:end])
+    if not found or found[0]["rows"] != found[0]["listed"]:
+        # Entries to assess first, or a page past the last candidate: count() assesses
+        # what is missing, and the page is read again if there is one.
+        total = count(workspace)
+        found = list(counted.values(*_ROW, "rows", "listed")[start:end]) if total > start else []
+    total = found[0]["listed"] if found else total
+    page = _candidates_of(workspace, [r for r in found if r["hygiene_points"] is not None])
     rows = {
         r["pk"]: r
         for r in Entry.objects.filter(pk__in=[c.id for c in page]).values(
@@ -757,7 +796,7 @@ def preview(workspace: Workspace, *, limit: int = 50, offset: int = 0) -> dict[s
         )
     }
     return {
-        "count": ranked.count(),
+        "count": total,
         "candidates": [
             {
                 "id": c.id,

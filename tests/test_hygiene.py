@@ -897,3 +897,20 @@ def test_the_database_ranks_exactly_the_candidates_the_detectors_find(workspace,
     page = hygiene.preview(workspace, limit=3, offset=1)
     assert [c["id"] for c in page["candidates"]] == [c.id for c in by_python[1:4]]
     assert page["count"] == len(by_python)
+
+
+def test_every_door_of_the_queue_assesses_new_entries_before_it_answers(workspace, now):
+    first = make(workspace, now, JUNK, title="one")
+    assert hygiene.count(workspace) == 1  # the count assessed it
+    second = make(workspace, now, JUNK, title="two")
+    past = hygiene.preview(workspace, limit=5, offset=5)  # a page past the end
+    assert (past["count"], past["candidates"]) == (2, [])
+    third = make(workspace, now, JUNK, title="three")
+    assert {c["id"] for c in hygiene.preview(workspace, limit=5)["candidates"]} == {
+        first.pk,
+        second.pk,
+        third.pk,
+    }
+    fourth = make(workspace, now, JUNK, title="four")
+    assert {c.id for c in hygiene.candidates(workspace)} == {first.pk, second.pk, third.pk, fourth.pk}
+    assert hygiene.preview(workspace, limit=2, offset=3)["count"] == 4
