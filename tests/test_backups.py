@@ -499,32 +499,42 @@ def test_a_restore_holds_one_chunk_of_rows_at_a_time_and_brings_everything_back(
     assert len(sizes) > len(MODELS) and max(sizes) <= 2
 
 
+def change_after_the_first_scan(monkeypatch, change) -> list[Path]:
+    """Let a restore's verifying scan pass, then ``change(path)`` its file before the writing
+    scan reads it; returns the list of scans begun."""
+    scan = backups._scan
+    scans: list[Path] = []
+
+    def scan_then_change(path, on_row, progress=None):
+        scans.append(path)
+        result = scan(path, on_row, progress)
+        if len(scans) == 1:
+            change(path)
+        return result
+
+    monkeypatch.setattr(backups, "_scan", scan_then_change)
+    return scans
+
+
 def test_a_file_altered_between_the_verifying_and_the_writing_scan_restores_nothing(
     workspace, wiped_backup, small_batches, monkeypatch
 ):
-    scan = backups._scan
     writes: list[int] = []
     insert = backups._insert
     monkeypatch.setattr(backups, "_insert", lambda *a: (writes.append(1), insert(*a))[1])
-    scans = 0
 
-    def scan_then_alter(path, on_row, progress=None):
-        nonlocal scans
-        scans += 1
-        result = scan(path, on_row, progress)
-        if scans == 1:  # verified: now the file changes under the restore
-            data = bytearray(gzip.decompress(path.read_bytes()))
-            data[data.index(b"blue/green")] ^= 0x01
-            path.write_bytes(gzip.compress(bytes(data)))
-        return result
+    def alter(path: Path) -> None:
+        data = bytearray(gzip.decompress(path.read_bytes()))
+        data[data.index(b"blue/green")] ^= 0x01
+        path.write_bytes(gzip.compress(bytes(data)))
 
-    monkeypatch.setattr(backups, "_scan", scan_then_alter)
+    scans = change_after_the_first_scan(monkeypatch, alter)
     before = dump(workspace)
 
     with pytest.raises(BackupError, match="checksum mismatch"):
         backups.restore_backup(wiped_backup)
 
-    assert scans == 2 and writes  # the writing scan wrote rows before it found the change
+    assert len(scans) == 2 and writes  # the writing scan wrote rows before it found the change
     assert dump(workspace) == before
 
 
@@ -536,24 +546,13 @@ def test_a_file_replaced_between_the_scans_by_another_valid_backup_restores_noth
     services.entry_create(workspace=workspace, content="Written between the two backups.", now=now)
     other = backup_path(backups.write_backup(workspace, now=now + timedelta(seconds=1)))
     wipe(workspace)
-    scan = backups._scan
-    scans = 0
-
-    def scan_then_replace(source, on_row, progress=None):
-        nonlocal scans
-        scans += 1
-        result = scan(source, on_row, progress)
-        if scans == 1:  # verified: now another valid backup takes its place
-            source.write_bytes(other.read_bytes())
-        return result
-
-    monkeypatch.setattr(backups, "_scan", scan_then_replace)
+    scans = change_after_the_first_scan(monkeypatch, lambda path: path.write_bytes(other.read_bytes()))
     before = dump(workspace)
 
     with pytest.raises(BackupError, match="changed while it was restored"):
         backups.restore_backup(path)
 
-    assert scans == 2
+    assert len(scans) == 2
     assert dump(workspace) == before
 
 
