@@ -62,6 +62,7 @@ store verdicts.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -596,6 +597,16 @@ def _text_reasons_of(rows: list[dict[str, Any]], patterns: Sequence[Pattern], *,
         )
 
 
+def _stored(patterns: Sequence[Pattern]) -> QuerySet[HygieneAssessment]:
+    """The valid stored assessment of the outer entry: same title, content hash and patterns."""
+    return HygieneAssessment.objects.filter(
+        entry=OuterRef("pk"),
+        content_hash=OuterRef("content_hash"),
+        title=OuterRef("title"),
+        patterns_key=patterns_key(patterns),
+    )
+
+
 def _scan(
     workspace: Workspace,
     qs: QuerySet[Entry],
@@ -611,12 +622,7 @@ def _scan(
     are then stored (``store``; not by a run's plan, whose writes are rolled back anyway and
     would hold the rows' locks until then). Queries per batch: two, plus two when some entry
     needs assessing."""
-    stored = HygieneAssessment.objects.filter(
-        entry=OuterRef("pk"),
-        content_hash=OuterRef("content_hash"),
-        title=OuterRef("title"),
-        patterns_key=patterns_key(patterns),
-    ).values("reasons")[:1]
+    stored = _stored(patterns).values("reasons")[:1]
     last = 0
     while True:
         rows = list(
@@ -629,27 +635,8 @@ def _scan(
             return
         last = rows[-1]["pk"]
         _text_reasons_of(rows, patterns, store=store)
-        oldest = _oldest_live(workspace, {r["content_hash"] for r in rows})
-        for r in rows:
-            first = oldest.get(r["content_hash"])
-            older = first[1] if first and first < (r["created_at"], r["pk"]) else None
-            reasons = [
-                *r["text_reasons"],
-                *column_reasons(source=r["source"], last_feedback=r["last_feedback"], duplicate_of=older),
-            ]
-            if score(reasons) >= CANDIDATE_SCORE:
-                yield Candidate(r["pk"], r["created_at"], r["access_count"], tuple(reasons))
+        yield from (c for c in _candidates_of(workspace, rows) if c.score >= CANDIDATE_SCORE)
         on_batch()
-
-
-def _stored(patterns: Sequence[Pattern]) -> QuerySet[HygieneAssessment]:
-    """The valid stored assessment of the outer entry: same title, content hash and patterns."""
-    return HygieneAssessment.objects.filter(
-        entry=OuterRef("pk"),
-        content_hash=OuterRef("content_hash"),
-        title=OuterRef("title"),
-        patterns_key=patterns_key(patterns),
-    )
 
 
 def _assess_missing(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Pattern]) -> None:
@@ -696,15 +683,15 @@ def _scored(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Patter
 
 
 def _candidates_of(workspace: Workspace, rows: list[dict[str, Any]]) -> list[Candidate]:
-    """Candidates from rows of ``_scored`` (their order kept): the stored text reasons and the
-    column reasons, the duplicate's older id found for these rows alone (one query)."""
+    """Each row as a Candidate (their order kept): its ``text_reasons`` and the column reasons,
+    the duplicate's older id found for these rows alone (one query). The caller filters."""
     oldest = _oldest_live(workspace, {r["content_hash"] for r in rows})
     found = []
     for r in rows:
         first = oldest.get(r["content_hash"])
         older = first[1] if first and first < (r["created_at"], r["pk"]) else None
         reasons = [
-            *(Reason(**d) for d in r["stored_reasons"] or []),
+            *r["text_reasons"],
             *column_reasons(source=r["source"], last_feedback=r["last_feedback"], duplicate_of=older),
         ]
         found.append(Candidate(r["pk"], r["created_at"], r["access_count"], tuple(reasons)))
@@ -740,25 +727,30 @@ def _queue(workspace: Workspace) -> _Queue:
 _ROW = (*_SCAN_FIELDS, "stored_reasons", "hygiene_points")
 
 
+def _listed(workspace: Workspace, rows: list[dict[str, Any]]) -> list[Candidate]:
+    """Candidates of rows of the queue (scored, so their stored reasons are there), in order,
+    BATCH_SIZE rows to a query for the duplicates' older ids."""
+    found: list[Candidate] = []
+    for start in range(0, len(rows), BATCH_SIZE):
+        chunk = rows[start : start + BATCH_SIZE]
+        for r in chunk:
+            r["text_reasons"] = [Reason(**d) for d in r["stored_reasons"]]
+        found += _candidates_of(workspace, chunk)
+    return found
+
+
 def candidates(workspace: Workspace) -> list[Candidate]:
     """Every hygiene candidate of the workspace, best first: score desc, created_at, id."""
     queue = _queue(workspace)
-    for attempt in range(2):
-        found: list[Candidate] = []
-        chunk: list[dict[str, Any]] = []
-        for row in queue.rows.values(*_ROW).iterator(chunk_size=BATCH_SIZE):
-            if row["hygiene_points"] is None:  # first, if any: assess, then read again
-                if attempt == 0:
-                    break
-                continue  # changed while assessed: listed next time
-            chunk.append(row)
-            if len(chunk) == BATCH_SIZE:
-                found += _candidates_of(workspace, chunk)
-                chunk = []
-        else:
-            return found + _candidates_of(workspace, chunk)
+    rows = queue.rows.values(*_ROW).iterator(chunk_size=BATCH_SIZE)
+    first = next(rows, None)
+    if first is not None and first["hygiene_points"] is None:  # entries to assess come first
         queue.assess()
-    return found + _candidates_of(workspace, chunk)
+        rows = queue.rows.values(*_ROW).iterator(chunk_size=BATCH_SIZE)
+        first = next(rows, None)
+    # A NULL left now is an entry changed while it was assessed: listed next time.
+    ahead = [first] if first is not None else []
+    return _listed(workspace, [r for r in itertools.chain(ahead, rows) if r["hygiene_points"] is not None])
 
 
 def count(workspace: Workspace) -> int:
@@ -788,7 +780,7 @@ def preview(workspace: Workspace, *, limit: int = 50, offset: int = 0) -> dict[s
         total = count(workspace)
         found = list(counted.values(*_ROW, "rows", "listed")[start:end]) if total > start else []
     total = found[0]["listed"] if found else total
-    page = _candidates_of(workspace, [r for r in found if r["hygiene_points"] is not None])
+    page = _listed(workspace, [r for r in found if r["hygiene_points"] is not None])
     rows = {
         r["pk"]: r
         for r in Entry.objects.filter(pk__in=[c.id for c in page]).values(
