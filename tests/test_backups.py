@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 from datetime import datetime, timedelta
 from io import StringIO
 from pathlib import Path
@@ -620,7 +621,7 @@ def test_a_backup_whose_counts_disagree_with_its_rows_is_refused(wiped_backup):
 
 def test_a_row_dropped_and_re_signed_still_fails_the_counts(wiped_backup):
     lines = read_lines(wiped_backup)
-    dropped = [line for line in lines if b'"kind": "anchor"' not in line]
+    dropped = [line for line in lines if json.loads(line)["kind"] != "anchor"]
     assert len(dropped) < len(lines)
     write_lines(wiped_backup, with_fresh_checksum(dropped))
 
@@ -703,6 +704,63 @@ def test_a_serialisation_failure_midway_leaves_no_file_and_no_row(workspace, mon
     assert calls == 50
     assert list(folder(workspace).iterdir()) == []
     assert not Backup.objects.exists()
+
+
+def test_a_full_disk_under_the_compressing_thread_leaves_no_file_and_no_row(workspace, monkeypatch, now):
+    populate(workspace, now)
+    monkeypatch.setattr(backups, "READ_CHUNK", 5)  # many chunks: the failure comes mid-stream
+    real_write = backups._Hashing.write
+    written = 0
+
+    def filling(self: Any, data: bytes) -> int:
+        nonlocal written
+        if written > 0:
+            raise OSError(28, "No space left on device")
+        written += len(data)
+        return real_write(self, data)
+
+    monkeypatch.setattr(backups._Hashing, "write", filling)
+
+    with pytest.raises(BackupError, match="No space left on device"):
+        backups.write_backup(workspace, now=now)
+
+    assert written > 0
+    assert list(folder(workspace).iterdir()) == []
+    assert not Backup.objects.exists()
+
+
+def test_a_float_json_cannot_hold_fails_the_backup_by_name():
+    row = {"id": 7, "importance": math.nan, "retention": 1.0, "impact_score": None}
+    entry = backups.KIND_BY_NAME["entry"]
+    with pytest.raises(ValueError, match="entry 7: importance is nan"):
+        backups._finite(entry, {**{name: 0.5 for name in entry.floats}, **row})
+    assert backups._finite(entry, {name: 0.5 for name in entry.floats}) is not None
+
+
+def test_a_nan_stored_behind_the_services_back_fails_the_backup_cleanly(workspace, now):
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite stores NaN as NULL: there is nothing to refuse")
+    entry = services.entry_create(workspace=workspace, content="Scores are finite.", now=now)
+    Entry.objects.filter(pk=entry.pk).update(importance=math.nan)
+
+    with pytest.raises(BackupError, match=f"entry {entry.pk}: importance is nan"):
+        backups.write_backup(workspace, now=now)
+
+    assert list(folder(workspace).iterdir()) == []
+    assert not Backup.objects.exists()
+
+
+def test_metadata_beyond_64_bit_integers_and_any_unicode_round_trips(workspace, now):
+    metadata = {"big": 2**70, "text": "naïve \u2028 café 🚀", "neg": -(2**65), "f": 0.1}
+    entry = services.entry_create(workspace=workspace, content="Odd values.", metadata=metadata, now=now)
+    before = dump(workspace)
+    backup = backups.write_backup(workspace, now=now)
+    wipe(workspace)
+
+    backups.restore_backup(backup_path(backup))
+
+    assert dump(workspace) == before
+    assert Entry.objects.get(pk=entry.pk).metadata == metadata
 
 
 def test_a_failure_to_record_the_backup_removes_its_file(workspace, monkeypatch, now):
