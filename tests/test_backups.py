@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import json
 import math
+from collections import Counter
 from datetime import datetime, timedelta
 from io import StringIO
 from pathlib import Path
@@ -249,6 +250,39 @@ def test_restoring_into_the_unchanged_workspace_writes_nothing(workspace, now):
     assert result["restored"] == dict.fromkeys(MODELS, 0)
     assert result["overwritten"] == dict.fromkeys(MODELS, 0)
     assert dump(workspace) == before
+
+
+def test_the_writing_scan_recognises_unchanged_rows_by_their_bytes_and_parses_only_the_rest(
+    workspace, now, monkeypatch
+):
+    populate(workspace, now)
+    path = backup_path(backups.write_backup(workspace, now=now))
+    changed = Entry.objects.filter(workspace=workspace).order_by("pk").first()
+    assert changed is not None
+    Entry.objects.filter(pk=changed.pk).update(title="changed since")
+    parsed: list[str] = []
+    parse = backups._parse_line
+
+    def counting(raw: bytes) -> dict[str, Any]:
+        data = parse(raw)
+        parsed.append(data["kind"])
+        return data
+
+    scan = backups._scan
+
+    def writing_scan_only(path, on_row, progress=None, **options):
+        if options.get("on_line") is not None:
+            monkeypatch.setattr(backups, "_parse_line", counting)
+        return scan(path, on_row, progress, **options)
+
+    monkeypatch.setattr(backups, "_scan", writing_scan_only)
+
+    result = backups.restore_backup(path, force=True)
+
+    by_bytes = {k: n for k, n in Counter(parsed).items() if k in backups._BY_BYTES}
+    assert by_bytes == {"entry": 1}  # only the changed entry's line was parsed
+    assert result["overwritten"]["entry"] == 1
+    assert Entry.objects.get(pk=changed.pk).title == changed.title
 
 
 def test_a_backup_holds_every_row_of_its_workspace_and_none_of_another(workspace, other_workspace, now):
@@ -506,9 +540,9 @@ def change_after_the_first_scan(monkeypatch, change) -> list[Path]:
     scan = backups._scan
     scans: list[Path] = []
 
-    def scan_then_change(path, on_row, progress=None):
+    def scan_then_change(path, on_row, progress=None, **options):
         scans.append(path)
-        result = scan(path, on_row, progress)
+        result = scan(path, on_row, progress, **options)
         if len(scans) == 1:
             change(path)
         return result
