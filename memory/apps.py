@@ -19,4 +19,10 @@ class MemoryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.models import Field, ForeignObject
+
+        from memory.rawsql import AnyOf
+
+        Field.register_lookup(AnyOf)
+        ForeignObject.register_lookup(AnyOf)  # relations keep lookups of their own
         post_migrate.connect(_ensure_search_index, sender=self, dispatch_uid="memory.search_index")

@@ -263,8 +263,8 @@ def test_the_writing_scan_recognises_unchanged_rows_by_their_bytes_and_parses_on
     parsed: list[str] = []
     parse = backups._parse_line
 
-    def counting(raw: bytes) -> dict[str, Any]:
-        data = parse(raw)
+    def counting(raw: bytes, *loads: Any) -> dict[str, Any]:
+        data = parse(raw, *loads)
         parsed.append(data["kind"])
         return data
 

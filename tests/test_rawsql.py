@@ -6,8 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.test.utils import CaptureQueriesContext
 
-from memory import rawsql
+from memory import rawsql, services
 from memory.models import Entry
 
 
@@ -57,3 +58,21 @@ def test_converters_are_those_of_the_calling_threads_connection():
     # thread that asked first (SQLite converts datetimes with a bound method of its ops).
     assert _bound_owners() == {id(here.ops)}
     assert seen["owners"] == {seen["ops"]}
+
+
+@pytest.mark.django_db
+def test_any_of_matches_what_in_matches_with_one_parameter_on_postgresql(workspace):
+    ids = [services.entry_create(workspace=workspace, content=f"note {i}").pk for i in range(5)]
+    wanted = [ids[0], ids[3], 10**12]  # an id nobody has matches nothing
+    entries = Entry.objects.filter(workspace=workspace)
+
+    with CaptureQueriesContext(connection) as queries:
+        found = sorted(entries.filter(pk__any_of=wanted).values_list("pk", flat=True))
+        through_relation = Entry.tags.through.objects.filter(entry_id__any_of=wanted).count()
+
+    assert found == sorted(entries.filter(pk__in=wanted).values_list("pk", flat=True)) == [ids[0], ids[3]]
+    assert through_relation == 0
+    assert list(entries.filter(pk__any_of=[])) == []
+    if connection.vendor == "postgresql":
+        assert all("= ANY(" in q["sql"] for q in queries)
+        assert all(str(10**12) in q["sql"] for q in queries)  # the array, one parameter
