@@ -608,6 +608,20 @@ class _Counted(NamedTuple):
 _ROW_START = re.compile(rb'\{"kind":"([a-z_]+)","row":\{"id":(\d+),')
 
 
+def _lines(handle: Any) -> Iterator[bytes]:
+    """The lines of a decompressed stream, each with its newline (but a last line without
+    one), read a megabyte at a time: iterating over a GzipFile costs a Python call per line,
+    a tenth of a restore's time."""
+    rest = b""
+    while block := handle.read(_FILE_CHUNK):
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            yield line + b"\n"
+    if rest:
+        yield rest
+
+
 class _Raw(NamedTuple):
     """A row line the writing scan has not parsed: its id and its bytes."""
 
@@ -644,7 +658,7 @@ def _scan(
     number = 0
     try:
         with _open(path) as stored, gzip.GzipFile(fileobj=stored, mode="rb") as handle:
-            for raw in handle:
+            for raw in _lines(handle):
                 if previous is not None:
                     digest.update(previous)
                     row: Any = None

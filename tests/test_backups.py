@@ -237,6 +237,18 @@ def test_a_deleted_workspace_is_created_again_with_its_slug_name_and_ids(workspa
     assert list(export_records(restored)) == exported
 
 
+def test_lines_split_across_every_read_come_back_whole(workspace, now, monkeypatch):
+    populate(workspace, now)
+    path = backup_path(backups.write_backup(workspace, now=now))
+    expected = read_lines(path)
+    monkeypatch.setattr(backups, "_FILE_CHUNK", 7)  # a line spans many reads
+
+    with gzip.open(path, "rb") as handle:
+        assert list(backups._lines(handle)) == expected
+    entries = Entry.objects.filter(workspace=workspace).count()
+    assert backups.read_backup(path)[2]["counts"]["entry"] == entries
+
+
 def test_restoring_into_the_unchanged_workspace_writes_nothing(workspace, now):
     populate(workspace, now)
     before = dump(workspace)
