@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from maintenance.models import MaintenanceRun
 from maintenance.scoring_db import refresh_scores
-from memory import holds
+from memory import holds, live
 from memory.errors import NotFound
 from memory.models import Entry, HoldReason, LifecycleEvent, Relationship, Status, Tombstone, Workspace
 from memory.services import neighbour_ids
@@ -89,11 +89,12 @@ def revert_events(
     reverted: list[int] = []
     skipped: list[int] = []
     entry_ids = sorted(by_entry)
-    for start in range(0, len(entry_ids), REVERT_BATCH):
-        chunk = {entry_id: by_entry[entry_id] for entry_id in entry_ids[start : start + REVERT_BATCH]}
-        done, passed = _revert_batch(workspace, chunk, actor=actor, now=now)
-        reverted += done
-        skipped += passed
+    with live.coalesced():  # open pages hear of the revert once, not once per batch
+        for start in range(0, len(entry_ids), REVERT_BATCH):
+            chunk = {entry_id: by_entry[entry_id] for entry_id in entry_ids[start : start + REVERT_BATCH]}
+            done, passed = _revert_batch(workspace, chunk, actor=actor, now=now)
+            reverted += done
+            skipped += passed
     return {"reverted": sorted(reverted), "skipped": sorted(skipped)}
 
 

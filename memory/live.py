@@ -49,7 +49,9 @@ seconds, rendering is one query.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -174,8 +176,40 @@ def render_queue(workspace_id: int) -> str:
 # --- announcing -----------------------------------------------------------------------------------
 
 
+# Inside ``coalesced()``: the announcements waiting for its end, per workspace (renderers in
+# order, each once).
+_pending: ContextVar[dict[int, list[Callable[[int], str]]] | None] = ContextVar("live_pending", default=None)
+
+
+@contextmanager
+def coalesced() -> Iterator[None]:
+    """Announce once, at the end, what a long operation would announce after each of its
+    batches. A revert of 250,000 entries commits 125 batches, and rendering the queue counts
+    reads the whole workspace (3-4 s at 1,000,000 entries): per batch, that was most of the
+    revert's time (bench/reports/maintenance.md, the revert section). The fragments are
+    rendered from committed state at the end — after the last commit, or on failure what the
+    committed batches left — so a batch rolled back inside may still be announced: pages then
+    show what is, once. Nested blocks announce at the outermost one's end."""
+    if _pending.get() is not None:
+        yield
+        return
+    token = _pending.set({})
+    try:
+        yield
+    finally:
+        waiting = _pending.get() or {}
+        _pending.reset(token)
+        for workspace_id, renderers in waiting.items():
+            _announce(workspace_id, *renderers)
+
+
 def _announce(workspace_id: int, *renderers: Callable[[int], str]) -> None:
     """After commit: render the fragments and send them as one message. Never raises."""
+    waiting = _pending.get()
+    if waiting is not None:
+        listed = waiting.setdefault(workspace_id, [])
+        listed.extend(r for r in renderers if r not in listed)
+        return
 
     def send() -> None:
         try:

@@ -438,3 +438,25 @@ def test_the_context_processor_gives_the_queue_counts_of_the_page_only_when_used
     with django_assert_num_queries(1):
         html = template.render(Context({**extra, "ws": workspace}))
     assert '<span id="live-queue"' in html and 'data-disputes="0"' in html
+
+
+def test_announcements_inside_coalesced_go_out_once_per_workspace_at_the_end(
+    workspace, other_workspace, monkeypatch
+):
+    sent: list[tuple[int, str]] = []
+    monkeypatch.setattr(live, "deliver", lambda workspace_id, html: sent.append((workspace_id, html)))
+
+    with live.coalesced():
+        for _ in range(3):
+            with transaction.atomic():
+                live.announce_queue(workspace.pk)
+        with live.coalesced():  # nested: announced by the outer block
+            live.announce_runs(workspace.pk)
+            live.announce_queue(other_workspace.pk)
+        assert sent == []
+
+    assert sorted(ws for ws, _ in sent) == sorted([workspace.pk, other_workspace.pk])
+    mine = next(html for ws, html in sent if ws == workspace.pk)
+    assert mine.count('id="live-queue"') == 1 and 'id="live-runs"' in mine
+    live.announce_queue(workspace.pk)  # outside: at once (after its autocommit)
+    assert len(sent) == 3

@@ -182,3 +182,25 @@ def test_the_lookup_of_a_huge_revert_stays_within_the_databases_parameter_limits
 
     entry = services.entry_create(workspace=workspace, content="the one entry that exists here")
     assert _latest_ids(workspace, [entry.pk, *range(10**9, 10**9 + 70_000)]) == {entry.pk: entry.pk}
+
+
+def test_a_batched_revert_tells_open_pages_once(
+    workspace, now, monkeypatch, django_capture_on_commit_callbacks
+):
+    """Each batch places holds, which announce the review counts; rendering them reads the
+    whole workspace (seconds at a million entries), so a revert announces once, at its end."""
+    from maintenance import revert
+    from memory import live
+
+    ids = [old(workspace, now).pk for _ in range(6)]
+    run_id = run_maintenance(workspace=workspace, now=now, force=True)["run_id"]
+    monkeypatch.setattr(revert, "REVERT_BATCH", 2)
+    sent: list[str] = []
+    monkeypatch.setattr(live, "deliver", lambda workspace_id, html: sent.append(html))
+
+    with django_capture_on_commit_callbacks(execute=True):
+        result = revert_run(workspace, run_id, actor="user:op", now=now + timedelta(hours=1))
+
+    assert sorted(result["reverted"]) == sorted(ids)
+    assert len(sent) == 1
+    assert 'id="live-queue"' in sent[0]
