@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -26,6 +27,12 @@ RELEASE = "release"
 # Events that record a decision without changing the entry's status.
 EVENT_REASONS = (HOLD, RELEASE)
 CHUNK = 500  # ids per IN (...)
+
+
+def columns(reason: str, actor: str, now: datetime) -> dict[str, Any]:
+    """The entry columns of a hold placed now: for a caller that places it in an UPDATE of
+    its own (a revert sets status and hold in one statement) and announces it itself."""
+    return {"held_at": now, "held_by": actor, "hold_reason": reason}
 
 
 def hold(
@@ -52,9 +59,7 @@ def hold(
                     "pk", "status"
                 )
             )
-            Entry.objects.filter(pk__in=[pk for pk, _ in found]).update(
-                held_at=now, held_by=actor, hold_reason=reason
-            )
+            Entry.objects.filter(pk__in=[pk for pk, _ in found]).update(**columns(reason, actor, now))
             rows += found
         if event:
             LifecycleEvent.objects.bulk_create(

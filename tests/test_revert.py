@@ -56,6 +56,9 @@ def test_reverting_a_run_brings_back_everything_it_archived_and_tombstoned(works
     assert status(stale) == "stale"
     assert Relationship.objects.get(pk=link.pk).pruned_at is None
     assert not Tombstone.objects.filter(entry__in=cold, restored_at__isnull=True).exists()
+    # the operator's decision sticks: every reverted entry is held, by whom and why
+    holds = Entry.objects.filter(pk__in=reverted["reverted"]).values_list("hold_reason", "held_by", "held_at")
+    assert set(holds) == {("revert", "user:op", now + timedelta(hours=1))}
     events = LifecycleEvent.objects.filter(reason="revert", actor="user:op")
     assert events.count() == 4
     assert all(e.reverts.reverted_at is not None for e in events)
