@@ -199,8 +199,9 @@ def _line(obj: dict[str, Any]) -> bytes:
     database's are UTC) and is several times faster than ``json`` on the entries' rows (the
     backup section of bench/reports/maintenance.md). It refuses integers beyond 64 bits, which
     a metadata object may hold: such a line is written by ``json``. It writes NaN and
-    infinities as null: the float columns are checked first (``_finite``), and metadata never
-    holds them (refused on input)."""
+    infinities as null: the float columns are checked first (``_finite``); metadata never
+    holds them (refused on input), nor the JSON the engine writes itself (counts, ids and
+    scores of finite inputs)."""
     try:
         return orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
     except orjson.JSONEncodeError:
@@ -362,13 +363,6 @@ def _write_lines(
     out: _Sink, workspace: Workspace, reason: str, now: datetime, progress: Progress | None = None
 ) -> dict[str, int]:
     """Write header, rows and trailer to ``out``; returns the row count per kind."""
-    compressor = _Compressor(out)
-
-    def emit(lines: list[bytes]) -> None:
-        compressor.write(b"".join(lines))
-        if progress is not None:
-            progress(len(lines))
-
     header = {
         "kind": "header",
         "format": FORMAT,
@@ -377,6 +371,13 @@ def _write_lines(
         "reason": reason,
     }
     counts = dict.fromkeys(ALL_KINDS, 0)
+    compressor = _Compressor(out)  # its thread ends in close() or abandon(), below
+
+    def emit(lines: list[bytes]) -> None:
+        compressor.write(b"".join(lines))
+        if progress is not None:
+            progress(len(lines))
+
     try:
         with _snapshot():
             ws_row = {c: getattr(workspace, c) for c in _WORKSPACE_COLUMNS}
@@ -604,8 +605,9 @@ class _Counted(NamedTuple):
 
 
 # How this version writes a row's line (orjson: no spaces, the id first): the writing scan of
-# a restore reads the kind and id of such a line without parsing the rest (``_Writer.line``).
-_ROW_START = re.compile(rb'\{"kind":"([a-z_]+)","row":\{"id":(\d+),')
+# a restore reads the kind and id of such a line without parsing the rest
+# (``_Writer.unchanged_dropped``). An id fits in 64 bits: 18 digits at most here.
+_ROW_START = re.compile(rb'\{"kind":"([a-z_]+)","row":\{"id":(\d{1,18}),')
 
 
 def _lines(handle: Any) -> Iterator[bytes]:
@@ -1179,11 +1181,32 @@ class _Writer:
                 rows.append(item)
                 continue
             current = existing.get(item.pk)
-            unchanged = current is not None and item.pk not in self.leaving
-            if unchanged and _line({"kind": kind.name, "row": current}) == item.line:
+            if current is not None and self._serialised(kind, item.pk, current) == item.line:
                 continue
-            rows.append(_parse_line(item.line)["row"])
+            rows.append(self._parsed(kind, item))
         return rows
+
+    def _serialised(self, kind: _Kind, pk: int, current: dict[str, Any]) -> bytes | None:
+        """The line ``current`` would be written as, or None for an entry leaving its place as
+        latest (compared as it was). A NaN would be written as null and equal a null of the
+        file, but none can meet one: the nullable floats are range-checked by the database
+        (NaN fails the check), and a backup refuses NaN, so a file has no null for a float
+        that cannot be null."""
+        if kind.name == "entry" and pk in self.leaving:
+            return None
+        return _line({"kind": kind.name, "row": current})
+
+    def _parsed(self, kind: _Kind, item: _Raw) -> dict[str, Any]:
+        """The row of a line the verifying scan checked — unless the file changed in between
+        (which the end of the scan reports too): then the restore stops here."""
+        try:
+            data = _parse_line(item.line)
+            row = data["row"]
+            if data["kind"] != kind.name or not isinstance(row, dict) or row.get("id") != item.pk:
+                raise ValueError("not the row its start names")
+        except (ValueError, KeyError, TypeError):
+            raise BackupError("the backup changed while it was restored; nothing was restored") from None
+        return row
 
     def flush(self) -> None:
         items, self.chunk = self.chunk, []

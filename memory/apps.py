@@ -19,10 +19,11 @@ class MemoryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.db.models import Field, ForeignObject
+        from django.db.models import ForeignObject, IntegerField
 
         from memory.rawsql import AnyOf
 
-        Field.register_lookup(AnyOf)
+        # Integer columns only (ids, their foreign keys): the lookup sends a bigint array.
+        IntegerField.register_lookup(AnyOf)  # AutoField, BigAutoField, BigIntegerField too
         ForeignObject.register_lookup(AnyOf)  # relations keep lookups of their own
         post_migrate.connect(_ensure_search_index, sender=self, dispatch_uid="memory.search_index")

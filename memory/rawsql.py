@@ -81,7 +81,7 @@ class AnyOf(Lookup):  # type: ignore[type-arg]
     """``filter(<integer field>__any_of=ids)``: ``in_values`` for the ORM. Thousands of ids are
     one array parameter on PostgreSQL, where ``__in`` compiles, sends and parses one
     placeholder per id (a quarter of a restore's time went there: bench/reports/maintenance.md,
-    the restore section). Registered on every field by ``MemoryConfig.ready``."""
+    the restore section). Registered on integer fields and relations by ``MemoryConfig.ready``."""
 
     lookup_name = "any_of"
     prepare_rhs = False

@@ -603,6 +603,24 @@ def test_a_file_replaced_between_the_scans_by_another_valid_backup_restores_noth
     assert dump(workspace) == before
 
 
+def test_a_line_broken_between_the_scans_stops_the_restore_as_a_changed_file(
+    workspace, wiped_backup, small_batches, monkeypatch
+):
+    def break_an_entry_line(path: Path) -> None:
+        lines = read_lines(path)
+        n = next(i for i, line in enumerate(lines) if line.startswith(b'{"kind":"entry","row":{"id":'))
+        lines[n] = lines[n][:-3] + b"\n"  # its start still names an entry; the rest is no JSON
+        write_lines(path, lines)
+
+    change_after_the_first_scan(monkeypatch, break_an_entry_line)
+    before = dump(workspace)
+
+    with pytest.raises(BackupError, match="changed while it was restored"):
+        backups.restore_backup(wiped_backup)
+
+    assert dump(workspace) == before
+
+
 def test_newer_data_refuses_before_a_write_can_fail_in_its_place(workspace, now, small_batches):
     """The entry that held external id rule-1 took another since the backup, and a new entry
     took rule-1: without force the restore says so (409), rather than failing on the unique

@@ -76,3 +76,12 @@ def test_any_of_matches_what_in_matches_with_one_parameter_on_postgresql(workspa
     if connection.vendor == "postgresql":
         assert all("= ANY(" in q["sql"] for q in queries)
         assert all(str(10**12) in q["sql"] for q in queries)  # the array, one parameter
+
+
+@pytest.mark.django_db
+def test_any_of_exists_only_for_integer_columns_and_relations():
+    from django.core.exceptions import FieldError
+
+    with pytest.raises(FieldError):
+        Entry.objects.filter(title__any_of=[1])
+    assert list(Entry.objects.filter(supersedes__any_of=[10**12])) == []
