@@ -48,7 +48,7 @@ import threading
 import zlib
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -666,7 +666,7 @@ def _scan(
                     row: Any = None
                     start = _ROW_START.match(previous) if on_line is not None and number > 1 else None
                     kind = start[1].decode() if start is not None else ""
-                    if on_line is not None and start is not None and kind in _BY_BYTES:
+                    if start is not None and on_line is not None and kind in _BY_BYTES:
                         found[kind] += 1
                         on_line(kind, _Raw(int(start[2]), previous))
                     else:
@@ -850,15 +850,22 @@ def _plan_rows(
     ws_id: int | None,
     taken_at: datetime,
     leaving: set[int] | frozenset[int] = frozenset(),
+    known: Mapping[int, dict[str, Any]] | None = None,
 ) -> _Plan:
     """Match backup rows to existing ones: by id within the workspace, then by the natural key
     within the workspace; an id held by another workspace is a clash; the rest are inserted.
-    ``leaving``: entries the restore already made not latest, compared as they were."""
+    ``leaving``: entries the restore already made not latest, compared as they were.
+    ``known``: rows of this workspace the caller has read already (``kind.columns`` by id):
+    only the other ids are looked up."""
     plan = _Plan(kind)
     manager = kind.model._default_manager
     wanted = ["workspace_id", *kind.columns]
+    known = known or {}
     for chunk in _chunks(rows):
-        by_pk = {r["id"]: r for r in manager.filter(pk__any_of=[r["id"] for r in chunk]).values(*wanted)}
+        by_pk = {r["id"]: {**known[r["id"]], "workspace_id": ws_id} for r in chunk if r["id"] in known}
+        ask = [r["id"] for r in chunk if r["id"] not in by_pk]
+        if ask:
+            by_pk.update((r["id"], r) for r in manager.filter(pk__any_of=ask).values(*wanted))
         for pk in leaving.intersection(by_pk):
             by_pk[pk] = {**by_pk[pk], "is_latest": True}
         by_key: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -1166,12 +1173,15 @@ class _Writer:
         force): from then on the scan only counts, so that no write can fail in its place."""
         return bool(self.clashes) or (not self.force and bool(self.newer or self.demoted))
 
-    def unchanged_dropped(self, kind: _Kind, items: list[dict[str, Any] | _Raw]) -> list[dict[str, Any]]:
+    def unchanged_dropped(
+        self, kind: _Kind, items: list[dict[str, Any] | _Raw]
+    ) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
         """The chunk's rows, parsed, but for the lines equal byte for byte to the line their
         row of this workspace would be written as now: those rows are unchanged, and comparing
-        the bytes costs a fraction of parsing the line and comparing every column."""
+        the bytes costs a fraction of parsing the line and comparing every column. With them,
+        the rows of this workspace it read (by id), for the planning not to read them again."""
         unparsed = [item.pk for item in items if isinstance(item, _Raw)]
-        existing = {}
+        existing: dict[int, dict[str, Any]] = {}
         if unparsed:
             found = kind.model._default_manager.filter(workspace_id=self.ws_id, pk__any_of=unparsed)
             existing = {row["id"]: row for row in found.values(*kind.columns)}
@@ -1184,7 +1194,7 @@ class _Writer:
             if current is not None and self._serialised(kind, item.pk, current) == item.line:
                 continue
             rows.append(self._parsed(kind, item))
-        return rows
+        return rows, existing
 
     def _serialised(self, kind: _Kind, pk: int, current: dict[str, Any]) -> bytes | None:
         """The line ``current`` would be written as, or None for an entry leaving its place as
@@ -1213,7 +1223,7 @@ class _Writer:
         if not items or self.kind is None:
             return
         kind = KIND_BY_NAME[self.kind]
-        rows = self.unchanged_dropped(kind, items)
+        rows, existing = self.unchanged_dropped(kind, items)
         if not rows:
             return
         self._detach_runs(kind, rows)
@@ -1222,7 +1232,7 @@ class _Writer:
         elif kind.name == "entry_tag":
             plan = _plan_entry_tags(rows, self.tag_ids)
         else:
-            plan = _plan_rows(kind, rows, self.ws_id, self.taken_at, leaving=self.leaving)
+            plan = _plan_rows(kind, rows, self.ws_id, self.taken_at, leaving=self.leaving, known=existing)
         if kind.name == "tag":
             self.tag_ids.update(plan.remap)
         if plan.clashes:
