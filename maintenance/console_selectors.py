@@ -52,7 +52,7 @@ from maintenance.models import (
 )
 from maintenance.runs import COUNT_KEYS, METRICS, PROPOSING, ROWS_KEY
 from maintenance.selectors import EVENT_STATUS_OF, AffectedIds, changed_entries, run_get, tombstone_list
-from memory import holds
+from memory import capped, holds
 from memory.models import Entry, LifecycleEvent, Status, Tombstone, Workspace, held
 
 REVIEW_TABS = ("pending", "hygiene", "automatic", "tombstones", "disputes")
@@ -321,17 +321,20 @@ def dispute_queue(
 
 
 def review_counts(workspace: Workspace, *, known: Mapping[str, int] | None = None) -> dict[str, int]:
-    """Tab → number of items, in tab order. ``known`` holds counts the caller already has (the
-    hygiene scan is the expensive one; an unfiltered list's count is its tab's count)."""
+    """Tab → number of items, in tab order, each capped at ``memory.capped.CAP`` + 1 (pages
+    show "1,000+"): the page costs the same at a million entries as at a thousand. ``known``
+    holds counts the caller already has (an unfiltered list's count is its tab's count)."""
     known = known or {}
-    counters = {
-        "pending": lambda: proposals.open_count(workspace),
-        "hygiene": lambda: hygiene.count(workspace),
-        "automatic": lambda: automatic_changes(workspace).count(),
-        "tombstones": lambda: open_tombstones(workspace).count(),
-        "disputes": lambda: Dispute.objects.filter(workspace=workspace, status=DisputeStatus.OPEN).count(),
+    lists = {
+        "pending": Proposal.objects.filter(workspace=workspace, status=ProposalStatus.OPEN),
+        "automatic": automatic_changes(workspace),
+        "tombstones": open_tombstones(workspace),
+        "disputes": Dispute.objects.filter(workspace=workspace, status=DisputeStatus.OPEN),
     }
-    found = {tab: known[tab] if tab in known else counters[tab]() for tab in REVIEW_TABS}
+    counted = {**capped.capped_counts({tab: qs for tab, qs in lists.items() if tab not in known}), **known}
+    if "hygiene" not in counted:
+        counted["hygiene"] = hygiene.count(workspace, cap=capped.CAP)
+    found = {tab: counted[tab] for tab in REVIEW_TABS}
     # Pending approval leads while it has rows; an empty one goes last, out of the way.
     if not found["pending"]:
         found["pending"] = found.pop("pending")

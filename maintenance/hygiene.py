@@ -94,6 +94,7 @@ from maintenance.policy import PolicyValues
 from maintenance.scoring_db import refresh_scores
 from maintenance.text import content_words, normalise
 from memory import holds, live
+from memory.capped import capped_count
 from memory.models import (
     LIVE_STATUSES,
     Entry,
@@ -753,10 +754,16 @@ def candidates(workspace: Workspace) -> list[Candidate]:
     return _listed(workspace, [r for r in itertools.chain(ahead, rows) if r["hygiene_points"] is not None])
 
 
-def count(workspace: Workspace) -> int:
+def count(workspace: Workspace, *, cap: int | None = None) -> int:
     """How many hygiene candidates the workspace has (the review tab's count): one statement
-    in the steady state."""
+    in the steady state. With ``cap``, more than ``cap`` candidates already assessed answer
+    ``cap + 1`` as soon as the database has found that many (``memory.capped``); fewer are
+    counted exactly, entries still to assess included."""
     queue = _queue(workspace)
+    if cap is not None:
+        assessed = capped_count(queue.ranked.filter(Q(hygiene_points__isnull=False)), cap=cap)
+        if assessed > cap:
+            return assessed
     got: dict[str, int] = {}
     for _ in range(2):
         got = queue.ranked.aggregate(rows=Count("pk"), listed=Count("hygiene_points"))

@@ -55,10 +55,9 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.models import Count, OuterRef, QuerySet, Subquery
-from django.db.models.functions import Coalesce
 from django.template.loader import render_to_string
 
+from memory.capped import capped_counts
 from memory.events import deliver
 
 if TYPE_CHECKING:
@@ -96,40 +95,31 @@ def runs_context(workspace: Workspace) -> dict[str, Any]:
     return {"runs": recent_runs(workspace), "workspace": workspace}
 
 
-def _count(rows: QuerySet[Any]) -> Coalesce:
-    """The number of ``rows`` of the outer workspace, as a subquery."""
-    counted = rows.filter(workspace_id=OuterRef("pk")).order_by().values("workspace_id")
-    return Coalesce(Subquery(counted.annotate(n=Count("pk")).values("n")[:1]), 0)
-
-
 QUEUE_KEYS = ("proposals", "proposed_archive", "proposed_tombstone", "automatic", "tombstones", "disputes")
 
 
 def queue_counts(workspace: Workspace | int) -> dict[str, int]:
-    """Open review work, in one query, counted by the very selectors the review tabs list:
+    """Open review work, in one statement, counted by the very selectors the review tabs list:
     open proposals (and of them archives and tombstones), automatic changes a revert would
-    still undo (``automatic_changes``), open tombstones and open disputes. (Hygiene candidates
-    are left out: finding them scans every entry.)"""
+    still undo (``automatic_changes``), open tombstones and open disputes — each capped at
+    ``memory.capped.CAP`` + 1 (pages show "1,000+"), so the header costs the same at a million
+    entries as at a thousand. (Hygiene candidates are left out: finding them scores entries.)"""
     from maintenance.console_selectors import automatic_changes, open_tombstones
     from maintenance.models import Dispute, DisputeStatus, Proposal, ProposalAction, ProposalStatus
     from memory.models import Workspace as WorkspaceModel
 
     ws: Any = workspace if not isinstance(workspace, int) else WorkspaceModel(pk=workspace)
-    proposed = Proposal.objects.filter(status=ProposalStatus.OPEN)
-    found = (
-        WorkspaceModel.objects.filter(pk=ws.pk)
-        .annotate(
-            q_proposals=_count(proposed),
-            q_proposed_archive=_count(proposed.filter(action=ProposalAction.ARCHIVE)),
-            q_proposed_tombstone=_count(proposed.filter(action=ProposalAction.TOMBSTONE)),
-            q_automatic=_count(automatic_changes(ws)),
-            q_tombstones=_count(open_tombstones(ws)),
-            q_disputes=_count(Dispute.objects.filter(status=DisputeStatus.OPEN)),
-        )
-        .values(*(f"q_{name}" for name in QUEUE_KEYS))
-        .first()
-    ) or {}
-    return {name: found.get(f"q_{name}", 0) for name in QUEUE_KEYS}
+    proposed = Proposal.objects.filter(workspace=ws, status=ProposalStatus.OPEN)
+    return capped_counts(
+        {
+            "proposals": proposed,
+            "proposed_archive": proposed.filter(action=ProposalAction.ARCHIVE),
+            "proposed_tombstone": proposed.filter(action=ProposalAction.TOMBSTONE),
+            "automatic": automatic_changes(ws),
+            "tombstones": open_tombstones(ws),
+            "disputes": Dispute.objects.filter(workspace=ws, status=DisputeStatus.OPEN),
+        }
+    )
 
 
 def queue_context(workspace: Workspace) -> dict[str, Any]:

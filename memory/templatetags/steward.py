@@ -6,6 +6,8 @@ from typing import Any
 
 from django import template
 
+from memory import capped as capping
+
 register = template.Library()
 
 
@@ -25,3 +27,15 @@ def first_line(text: Any) -> str:
         if line.strip():
             return line.strip()
     return ""
+
+
+@register.filter
+def capped(n: Any) -> str:
+    """A capped count (``memory.capped``): "1,000+" past the cap, else the number."""
+    return capping.label(n)
+
+
+@register.simple_tag
+def count_cap() -> int:
+    """``memory.capped.CAP``: a capped count past it reads ``CAP + 1``."""
+    return capping.CAP

@@ -17,7 +17,7 @@ document.addEventListener("htmx:beforeSwap", (event) => {
 
 // The pending-approval panel reloads itself (hx-trigger="pending-changed") when a live update
 // says the open set changed elsewhere (another tab, the API, the CLI, a run): the count pushed
-// into #live-queue differs from the one the panel shows. Not while an action of the panel is
+// into #live-queue differs from the one the panel shows (both past the cap count as equal). Not while an action of the panel is
 // in flight: replacing its form would drop the action's answer, which brings the count itself.
 document.addEventListener("htmx:oobAfterSwap", (event) => {
   const target = event.target; // the element swapped in, with the pushed counts
@@ -25,7 +25,11 @@ document.addEventListener("htmx:oobAfterSwap", (event) => {
   const panel = document.getElementById("pending-panel");
   const summary = document.getElementById("pending-summary");
   if (!panel || !summary || panel.querySelector(".htmx-request")) return;
-  if (target.dataset.proposals !== summary.dataset.open) htmx.trigger(panel, "pending-changed");
+  // The pushed count is capped (data-cap: past it, it reads cap + 1); the panel's is exact.
+  const cap = Number(target.dataset.cap);
+  const pushed = Number(target.dataset.proposals);
+  const shown = Number(summary.dataset.open);
+  if (pushed !== shown && !(pushed > cap && shown > cap)) htmx.trigger(panel, "pending-changed");
 });
 
 // A run page follows its run live: the pushed progress fragment (#run-progress-<id>) says
