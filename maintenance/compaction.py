@@ -19,8 +19,9 @@ becomes one ``retrospective`` entry:
 
 Notes without a session key are never grouped: "no session" is not one work session.
 
-Work per group is a constant number of queries (read the fragments, insert the digest, its
-links and event, archive the fragments in batches), never one query per entry.
+The groups and their fragments are read once for the pass (a statement each); the work per
+group is then a constant number of queries (insert the digest, its links and event, archive
+the fragments in batches), never one query per entry.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from memory.services import content_hash
 FRAGMENT_TYPES = (EntryType.TEST_ENTRY, EntryType.DEVELOPMENT_NOTE)
 LINE_MAX = 240  # characters of a fragment's first line kept in the digest
 REASON = "compact"
+_ROW = ("pk", "title", "content", "created_at", "run_importance", "entry_type")
 
 
 def _candidates(ctx: RunContext, only: list[int] | None) -> Any:
@@ -87,22 +89,15 @@ def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
     )
     result = PassResult(extra={"summaries_created": 0})
     summaries: list[int] = []
+    keys = {(g["project"], g["session_key"]) for g in groups}
+    members = _group_rows(ctx, only, keys)
+    held = _held_by_group(ctx, only, keys)
     for group in groups:
-        rows = [
-            {**r, "importance": r.pop("run_importance")}
-            for r in fragments(ctx, only)
-            .filter(project=group["project"], session_key=group["session_key"])
-            .annotate(run_importance=importance_of(ctx))
-            .order_by("-run_importance", "created_at", "pk")
-            .values("pk", "title", "content", "created_at", "run_importance", "entry_type")
-        ]
+        key = (group["project"], group["session_key"])
+        rows = members.get(key, [])
         if len(rows) <= ctx.policy.consolidation_min_group:
             continue  # changed since the count: leave it for the next run
-        ctx.held.update(
-            held_only(_candidates(ctx, only), ctx)
-            .filter(project=group["project"], session_key=group["session_key"])
-            .values_list("pk", flat=True)
-        )
+        ctx.held.update(held.get(key, ()))
         with transaction.atomic():
             summary = _write_summary(ctx, group["project"], group["session_key"], rows)
             archived = transition(
@@ -119,6 +114,48 @@ def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
     result.count = len(result.ids)
     result.extra["summaries_created"] = len(summaries)
     return result
+
+
+def _group_rows(
+    ctx: RunContext, only: list[int] | None, keys: set[tuple[str, str]]
+) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The fragments of every group to compact, in digest order (most important first, ties
+    oldest first), by (project, session_key): one statement. (One per group scanned the
+    workspace each time: no index leads with the session key, and 96 groups took 73 s of a
+    1,000,000-entry plan.)"""
+    members: dict[tuple[str, str], list[dict[str, Any]]] = {key: [] for key in keys}
+    if not keys:
+        return members
+    rows = (
+        fragments(ctx, only)
+        .filter(session_key__in=sorted({session for _, session in keys}))
+        .annotate(run_importance=importance_of(ctx))
+        .order_by("project", "session_key", "-run_importance", "created_at", "pk")
+        .values(*_ROW, "project", "session_key")
+    )
+    for r in rows.iterator(chunk_size=2000):
+        key = (r.pop("project"), r.pop("session_key"))
+        if key in members:
+            members[key].append({**r, "importance": r.pop("run_importance")})
+    return members
+
+
+def _held_by_group(
+    ctx: RunContext, only: list[int] | None, keys: set[tuple[str, str]]
+) -> dict[tuple[str, str], list[int]]:
+    """The fragments of each group that only an operator hold keeps out: one statement."""
+    held: dict[tuple[str, str], list[int]] = {}
+    if not keys:
+        return held
+    rows = (
+        held_only(_candidates(ctx, only), ctx)
+        .filter(session_key__in=sorted({session for _, session in keys}))
+        .values_list("pk", "project", "session_key")
+    )
+    for pk, project, session in rows:
+        if (project, session) in keys:
+            held.setdefault((project, session), []).append(pk)
+    return held
 
 
 def _write_summary(ctx: RunContext, project: str, session_key: str, rows: list[dict[str, Any]]) -> Entry:

@@ -222,3 +222,19 @@ def test_queries_do_not_grow_with_the_size_of_a_group(workspace, other_workspace
     small = queries(workspace, 11)
     large = queries(other_workspace, 60)
     assert large == small
+
+
+def test_the_fragments_of_all_groups_are_read_together_not_group_by_group(workspace, now):
+    # One read per group scanned the whole workspace each time (no index leads with the
+    # session key): at 1,000,000 entries 96 groups took 73 s of the plan.
+    group(workspace, now, 11, session="s-alpha")
+    group(workspace, now, 11, session="s-beta")
+    with CaptureQueriesContext(connection) as ctx:
+        result = consolidate(workspace, now)
+    assert result["counts"]["summaries_created"] == 2
+    selects = [q["sql"] for q in ctx.captured_queries if q["sql"].lstrip().upper().startswith("SELECT")]
+    reading_both = [sql for sql in selects if "'s-alpha'" in sql and "'s-beta'" in sql]
+    reading_one = [sql for sql in selects if ("'s-alpha'" in sql) != ("'s-beta'" in sql)]
+    # The plan and the apply each read the fragments and those an operator hold keeps out.
+    assert len(reading_both) == 4
+    assert reading_one == []
