@@ -29,19 +29,31 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_POST
 
 from maintenance.models import MaintenancePolicy
-from maintenance.policy import LIMITS, clean_tags
+from maintenance.policy import APPLY, LIMITS, PROPOSE, clean_tags
 from memory import services
 from memory.console import Console, workspace_page
 from memory.errors import NotFound, ServiceError
 from memory.models import ApiKey, KeyRole, Role
 
-POLICY_FIELDS = [*LIMITS, "exclude_tags", "residue_patterns"]
+POLICY_FIELDS = ["review_mode", *LIMITS, "exclude_tags", "residue_patterns"]
+REVIEW_MODE_CHOICES = [
+    (PROPOSE, "Propose: archives and tombstones wait for an operator's approval"),
+    (APPLY, "Apply: maintenance archives and tombstones at once (each change revertible)"),
+]
 TEMPLATE = "console/settings.html"
 
 
 class PolicyForm(forms.ModelForm):
-    """All the LIMITS settings, exclude_tags as comma-separated text and residue_patterns one
-    regular expression per line. The model's ``clean`` validates the patterns."""
+    """Who has the last word (review_mode), all the LIMITS settings, exclude_tags as
+    comma-separated text and residue_patterns one regular expression per line. The model's
+    ``clean`` validates the patterns."""
+
+    review_mode = forms.ChoiceField(
+        choices=REVIEW_MODE_CHOICES,
+        widget=forms.RadioSelect,
+        help_text="Purges past grace (after a backup) happen in both modes; in propose mode "
+        "nothing is archived or tombstoned until an operator approves it on the review page.",
+    )
 
     exclude_tags = forms.CharField(
         required=False,

@@ -42,6 +42,7 @@ def policy_data(workspace: Workspace, **changes: Any) -> dict[str, Any]:
     """The form as the page submits it: every current value, plus ``changes``."""
     row = MaintenancePolicy.objects.get(workspace=workspace)
     data: dict[str, Any] = {name: getattr(row, name) for name in LIMITS}
+    data["review_mode"] = row.review_mode
     data["exclude_tags"] = ", ".join(row.exclude_tags)
     data["residue_patterns"] = "\n".join(row.residue_patterns or [])
     data.update(changes)
@@ -50,7 +51,7 @@ def policy_data(workspace: Workspace, **changes: Any) -> dict[str, Any]:
 
 def policy_snapshot(workspace: Workspace) -> dict[str, Any]:
     row = MaintenancePolicy.objects.get(workspace=workspace)
-    return {name: getattr(row, name) for name in [*LIMITS, "exclude_tags", "residue_patterns"]}
+    return {name: getattr(row, name) for name in ["review_mode", *LIMITS, "exclude_tags", "residue_patterns"]}
 
 
 # --- read-only for viewers and operators --------------------------------------------------
@@ -130,6 +131,25 @@ def test_admin_changes_a_setting(client: Client, workspace: Workspace) -> None:
     assert "Policy saved" in page
 
 
+def test_admin_switches_the_review_mode_both_ways(client: Client, workspace: Workspace) -> None:
+    as_role(client, workspace, "admin")
+    for mode in ("propose", "apply"):
+        before = MaintenancePolicy.objects.get(workspace=workspace).review_mode
+        assert before != mode
+        page = client.get(url(workspace)).content.decode()
+        assert re.search(rf'<input type="radio" name="review_mode" value="{before}"[^>]*checked', page)
+        response = client.post(url(workspace, "settings_policy"), policy_data(workspace, review_mode=mode))
+        assert response.status_code == 303
+        assert MaintenancePolicy.objects.get(workspace=workspace).review_mode == mode
+        assert "Policy saved (review_mode" in client.get(url(workspace)).content.decode()
+
+
+def test_a_viewer_reads_the_review_mode(client: Client, workspace: Workspace) -> None:
+    MaintenancePolicy.objects.filter(workspace=workspace).update(review_mode="apply")
+    html = as_role(client, workspace, "viewer").get(url(workspace)).content.decode()
+    assert re.search(r'id="policy-review_mode">apply: maintenance archives and tombstones at once', html)
+
+
 def test_out_of_range_values_are_clamped(client: Client, workspace: Workspace) -> None:
     as_role(client, workspace, "admin")
     data = policy_data(workspace, decay_lambda="7", stale_after_days="1", backups_keep="5000")
@@ -147,6 +167,8 @@ def test_out_of_range_values_are_clamped(client: Client, workspace: Workspace) -
         {"decay_lambda": "lots"},
         {"decay_sigma": "nan"},
         {"stale_after_days": ""},
+        {"review_mode": "yolo"},
+        {"review_mode": ""},
     ],
 )
 def test_invalid_input_is_422_and_changes_nothing(
