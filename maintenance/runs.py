@@ -716,6 +716,9 @@ def _run(
                 return _finish(run, RunStatus.FAILED, None, error=f"pre-prune backup failed: {exc}")
         ctx.before_destructive = ensure_backup
         if not policy.proposes:
+            # The apply makes its own ids and details: the plan's (a million-entry first run's
+            # ids and evicted rows: ~100 MB) go before it starts, not after it ends.
+            del plan
             return _finish(run, RunStatus.SUCCEEDED, _execute(ctx, kind, progress, recorder=recorder))
         # Propose mode: everything but the proposing passes applies (a purge past grace writes
         # its backup first, on demand); the proposing passes' plan becomes the proposal set.
