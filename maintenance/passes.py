@@ -71,6 +71,9 @@ class RunContext:
     # The plan: the score pass fills the temporary maintenance_planscore table instead of the
     # stored columns, and the passes read importance and retention from it (``importance_of``).
     planning: bool = False
+    # Per-row details of evictions and expiries (``evicted_rows``, ``expired_rows``): only a
+    # decay sweep reports them; a full run of a million entries would keep ~250,000 dicts.
+    details: bool = True
 
     def heartbeat(self) -> None:
         if not self.renew():
@@ -432,8 +435,11 @@ def decay(ctx: RunContext) -> PassResult:
     """9. Episodic, managed, unprotected, not high-value entries whose retention is strictly
     below the cold threshold are tombstoned."""
     evaluated = decay_candidates(ctx).count()
-    result = tombstone(ctx, cold_candidates(ctx), TombstoneReason.DECAY, detail_fields=DECAY_DETAILS)
-    rows = [{**r, "retention": r.pop("run_retention")} for r in result.extra.get("rows", [])]
+    details = DECAY_DETAILS if ctx.details else ()
+    result = tombstone(ctx, cold_candidates(ctx), TombstoneReason.DECAY, detail_fields=details)
+    rows = result.extra.get("rows", [])
+    for r in rows:
+        r["retention"] = r.pop("run_retention")
     result.extra = {"candidates_evaluated": evaluated, "evicted_rows": rows}
     return result
 
@@ -452,7 +458,8 @@ def ttl_candidates(ctx: RunContext) -> QuerySet[Entry]:
 
 def expire_ttl(ctx: RunContext) -> PassResult:
     """10. expires_at ≤ now → tombstoned."""
-    result = tombstone(ctx, ttl_candidates(ctx), TombstoneReason.TTL, detail_fields=TTL_DETAILS)
+    details = TTL_DETAILS if ctx.details else ()
+    result = tombstone(ctx, ttl_candidates(ctx), TombstoneReason.TTL, detail_fields=details)
     result.extra = {"expired_rows": result.extra.get("rows", [])}
     return result
 

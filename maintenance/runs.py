@@ -671,6 +671,7 @@ def _run(
             renew=lambda: lease.renew(workspace, holder=holder, now=timezone.now()),
             explicit_grace=kind == RunKind.PRUNE
             and (params or {}).get("hard_delete_older_than_days") is not None,
+            details=kind == RunKind.DECAY,
         )
         plan = _plan(ctx, kind, lease.keep_alive(workspace, holder=holder), recorder)
         recorder.phase = "apply"

@@ -700,3 +700,26 @@ def test_a_candidate_that_stops_qualifying_before_its_batch_is_left_alone(worksp
     result = passes.decay(ctx)
     assert result.ids == [first.pk]
     assert (status(first), status(second)) == ("tombstoned", "active")
+
+
+def test_only_a_decay_sweep_gathers_the_evicted_and_expired_rows_details(workspace, now, monkeypatch):
+    # A full run's result carries no per-row details: at a million entries gathering them kept
+    # ~250,000 dicts alive through the run.
+    from maintenance import passes
+
+    asked: list[tuple[str, tuple[str, ...]]] = []
+    original = passes.tombstone
+
+    def spy(ctx, candidates, reason, **options):
+        asked.append((reason, tuple(options.get("detail_fields", ()))))
+        return original(ctx, candidates, reason, **options)
+
+    monkeypatch.setattr(passes, "tombstone", spy)
+    cold = make(workspace, now, age_days=81)
+    run(workspace, now, dry_run=True)
+    assert ("decay", ()) in asked and ("ttl", ()) in asked
+    assert all(details == () for _, details in asked)
+    asked.clear()
+    result = run(workspace, now, kind="decay", dry_run=True)
+    assert ("decay", passes.DECAY_DETAILS) in asked and ("ttl", passes.TTL_DETAILS) in asked
+    assert [e["id"] for e in decay_result(result)["evicted"]] == [cold.pk]
