@@ -11,17 +11,19 @@ archives or tombstones goes through them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Coalesce, Least
 
 from maintenance.policy import PolicyValues
 from maintenance.scoring_db import counted_end, plan_scores, refresh_scores
+from memory import rawsql
 from memory.models import (
     Entry,
     EntryAccess,
@@ -196,15 +198,14 @@ def transition(
     PostgreSQL build them as hash tables over every link and entry for each batch: 180 ms a
     batch, 15 of the decay pass's 16 s at 100,000 entries."""
     result = PassResult()
-    grace = timedelta(days=ctx.policy.purge_grace_days)
     ids_all = list(candidates.order_by("pk").values_list("pk", flat=True))
     for start in range(0, len(ids_all), ctx.batch_size):
         with transaction.atomic():
             rows = list(
-                candidates.filter(pk__in=ids_all[start : start + ctx.batch_size])
+                candidates.filter(pk__any_of=ids_all[start : start + ctx.batch_size])
                 .select_for_update(of=("self",))
                 .order_by("pk")
-                .values("pk", "status", "lineage_id", "content_hash", *detail_fields)
+                .values("pk", *detail_fields)
             )
             if not rows:
                 continue
@@ -215,28 +216,14 @@ def transition(
             if destructive and not result.ids:
                 ctx.before_destructive()
             ids = [r["pk"] for r in rows]
+            # The records read the rows' status before it changes (the rows are locked).
+            _events(ctx, ids, to_status=to_status, reason=reason)
+            if tombstone_reason:
+                _tombstones(ctx, ids, tombstone_reason)
             changes: dict[str, Any] = {"status": to_status, "status_changed_at": ctx.now}
             if to_status == Status.ARCHIVED:
                 changes["archived_at"] = ctx.now
-            Entry.objects.filter(pk__in=ids).update(**changes)
-            _events(ctx, rows, to_status=to_status, reason=reason)
-            if tombstone_reason:
-                Tombstone.objects.bulk_create(
-                    Tombstone(
-                        workspace=ctx.workspace,
-                        entry_id=r["pk"],
-                        entry_ref=r["pk"],
-                        lineage_ref=r["lineage_id"] or r["pk"],
-                        content_hash=r["content_hash"],
-                        reason=tombstone_reason,
-                        previous_status=r["status"],
-                        run=ctx.run,
-                        actor=ctx.actor,
-                        created_at=ctx.now,
-                        purge_after=ctx.now + grace,
-                    )
-                    for r in rows
-                )
+            Entry.objects.filter(pk__any_of=ids).update(**changes)
             result.ids += ids
         ctx.heartbeat()
     result.count = len(result.ids)
@@ -305,6 +292,7 @@ def graduate_staged(ctx: RunContext) -> PassResult:
                 break
             last = rows[-1]["pk"]
             ids = [r["pk"] for r in rows]
+            _events(ctx, ids, to_status=Status.ACTIVE, reason="graduate")  # before the change
             Entry.objects.filter(pk__in=ids).update(
                 status=Status.ACTIVE,
                 status_changed_at=ctx.now,
@@ -322,7 +310,6 @@ def graduate_staged(ctx: RunContext) -> PassResult:
                 [Entry.tags.through(entry_id=i, tag_id=t.pk) for i in ids for t in tags],
                 ignore_conflicts=True,
             )
-            _events(ctx, rows, to_status=Status.ACTIVE, reason="graduate")
             result.ids += ids
         ctx.heartbeat()
     result.count = len(result.ids)
@@ -650,24 +637,89 @@ def _tags(workspace: Workspace, names: Iterable[str]) -> list[Tag]:
     return list(Tag.objects.filter(workspace=workspace, name__in=names))
 
 
-def _events(ctx: RunContext, rows: Iterable[Mapping[str, Any]], *, to_status: str, reason: str) -> None:
-    if ctx.planning:
+def _insert_from_entries(
+    model: type[Any], values: Mapping[str, str], ids: list[int], params: list[Any]
+) -> None:
+    """One row of ``model`` per entry of ``ids``: ``INSERT INTO model (columns) SELECT
+    expressions FROM memory_entry WHERE id IN ids`` — ``values`` maps each field to an SQL
+    expression over the entry's columns (``%s`` placeholders take ``params`` in order). A
+    model instance per row through ``bulk_create`` cost 65 µs a row against 14 (measured on
+    20,000 events, PostgreSQL): a first run of a million entries writes ~800,000 events."""
+    where, id_params = rawsql.in_values(ids)
+    columns = ", ".join(rawsql.column(model, name) for name in values)
+    rawsql_id = rawsql.column(Entry, "id")
+    sql = (
+        f"INSERT INTO {rawsql.table(model)} ({columns}) SELECT {', '.join(values.values())} "
+        f"FROM {rawsql.table(Entry)} WHERE {rawsql_id} {where}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, *id_params])
+
+
+def _events(ctx: RunContext, ids: list[int], *, to_status: str, reason: str) -> None:
+    """The automatic LifecycleEvent of each entry of ``ids``, from its current status: called
+    in the batch's transaction (the rows locked), before the status changes."""
+    if ctx.planning or not ids:
         # The plan is rolled back and no pass reads the events of its own run (the bookkeeping
         # pass reclaims only events older than the audit retention): inserting them there,
         # one per change, was work undone at once.
         return
-    LifecycleEvent.objects.bulk_create(
-        LifecycleEvent(
-            workspace=ctx.workspace,
-            entry_id=r["pk"],
-            entry_ref=r["pk"],
-            from_status=r["status"],
-            to_status=to_status,
-            reason=reason,
-            run=ctx.run,
-            actor=ctx.actor,
-            automatic=True,
-            created_at=ctx.now,
-        )
-        for r in rows
+    col = functools.partial(rawsql.column, Entry)
+    _insert_from_entries(
+        LifecycleEvent,
+        {
+            "workspace": col("workspace"),
+            "entry": col("id"),
+            "entry_ref": col("id"),
+            "from_status": col("status"),
+            "to_status": "%s",
+            "reason": "%s",
+            "run": "%s",
+            "actor": "%s",
+            "automatic": "%s",
+            "created_at": "%s",
+            "details": "%s",
+        },
+        ids,
+        [
+            to_status,
+            reason,
+            ctx.run.pk if ctx.run is not None else None,
+            ctx.actor,
+            True,
+            connection.ops.adapt_datetimefield_value(ctx.now),
+            connection.ops.adapt_json_value({}, None),
+        ],
+    )
+
+
+def _tombstones(ctx: RunContext, ids: list[int], reason: str) -> None:
+    """The Tombstone of each entry of ``ids``, its previous status read from the row: called
+    with ``_events``, before the status changes."""
+    col = functools.partial(rawsql.column, Entry)
+    lineage = f"COALESCE({col('lineage_id')}, {col('id')})"
+    grace = timedelta(days=ctx.policy.purge_grace_days)
+    _insert_from_entries(
+        Tombstone,
+        {
+            "workspace": col("workspace"),
+            "entry": col("id"),
+            "entry_ref": col("id"),
+            "lineage_ref": lineage,
+            "content_hash": col("content_hash"),
+            "reason": "%s",
+            "previous_status": col("status"),
+            "run": "%s",
+            "actor": "%s",
+            "created_at": "%s",
+            "purge_after": "%s",
+        },
+        ids,
+        [
+            reason,
+            ctx.run.pk if ctx.run is not None else None,
+            ctx.actor,
+            connection.ops.adapt_datetimefield_value(ctx.now),
+            connection.ops.adapt_datetimefield_value(ctx.now + grace),
+        ],
     )

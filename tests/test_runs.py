@@ -723,3 +723,45 @@ def test_only_a_decay_sweep_gathers_the_evicted_and_expired_rows_details(workspa
     result = run(workspace, now, kind="decay", dry_run=True)
     assert ("decay", passes.DECAY_DETAILS) in asked and ("ttl", passes.TTL_DETAILS) in asked
     assert [e["id"] for e in decay_result(result)["evicted"]] == [cold.pk]
+
+
+def test_a_transition_records_each_change_from_the_row_before_it_changed(workspace, now):
+    # The events and tombstones are written by one INSERT … SELECT from the entries, before
+    # their status changes: every column must be what a model instance would have held.
+    idle = make(workspace, now, age_days=91, updated_at=now - timedelta(days=91), tier="semantic")
+    versioned = make(workspace, now, age_days=81, lineage_id=idle.pk + 1000, content_hash="c" * 64)
+    result = run(workspace, now, actor="user:olga")
+    run_id = result["run_id"]
+    assert status(idle) == "stale" and status(versioned) == "tombstoned"
+    event = LifecycleEvent.objects.get(entry=idle, run_id=run_id)
+    assert (event.workspace_id, event.entry_ref, event.from_status, event.to_status, event.reason) == (
+        workspace.pk,
+        idle.pk,
+        "active",
+        "stale",
+        "stale",
+    )
+    assert (event.actor, event.automatic, event.created_at, event.details, event.reverts_id) == (
+        "user:olga",
+        True,
+        now,
+        {},
+        None,
+    )
+    tomb = Tombstone.objects.get(entry=versioned)
+    assert (tomb.workspace_id, tomb.entry_ref, tomb.lineage_ref, tomb.content_hash) == (
+        workspace.pk,
+        versioned.pk,
+        idle.pk + 1000,
+        "c" * 64,
+    )
+    assert (tomb.reason, tomb.previous_status, tomb.run_id) == ("decay", "active", run_id)
+    assert tomb.actor == "user:olga"
+    assert (tomb.created_at, tomb.purge_after, tomb.restored_at, tomb.purged_at) == (
+        now,
+        now + timedelta(days=180),
+        None,
+        None,
+    )
+    evicted = LifecycleEvent.objects.get(entry=versioned, run_id=run_id)
+    assert (evicted.from_status, evicted.to_status, evicted.reason) == ("active", "tombstoned", "decay")
