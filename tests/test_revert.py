@@ -62,6 +62,19 @@ def test_reverting_a_run_brings_back_everything_it_archived_and_tombstoned(works
     events = LifecycleEvent.objects.filter(reason="revert", actor="user:op")
     assert events.count() == 4
     assert all(e.reverts.reverted_at is not None for e in events)
+    at, run_id, hold = now + timedelta(hours=1), result["run_id"], (("hold", "revert"),)
+    assert {
+        (e.entry_id, e.entry_ref, e.from_status, e.to_status, e.run_id, e.automatic, e.created_at, *details)
+        for e in events
+        for details in [e.details.items()]
+    } == {
+        *((c.pk, c.pk, "tombstoned", "active", run_id, False, at, *hold) for c in cold),
+        (stale.pk, stale.pk, "archived", "stale", run_id, False, at, *hold),
+    }
+    assert all(
+        (e.reverts.entry_id, e.reverts.run_id, e.workspace_id) == (e.entry_id, result["run_id"], workspace.pk)
+        for e in events
+    )
     # reverting twice does nothing more
     assert revert_run(workspace, result["run_id"], actor="user:op")["reverted"] == []
 
