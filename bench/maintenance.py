@@ -317,7 +317,10 @@ CHECKSUM_COLUMNS = (
 
 def op_checksum(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
     """A checksum of the workspace's entries (the columns a run or a restore changes) and
-    row counts of its tables; on PostgreSQL also memory_entry's dead rows."""
+    row counts of its tables; on PostgreSQL also memory_entry's dead rows. ``arg``, an entry
+    id: the checksum and entry count cover the entries up to it (those that existed before the
+    run: a restore keeps the ones created after its backup, such as the run's retrospectives),
+    and ``newer`` counts the others."""
     import hashlib
 
     from django.db import connection
@@ -328,7 +331,13 @@ def op_checksum(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
     n = 0
     cols = ", ".join(f'"{c}"' for c in CHECKSUM_COLUMNS)
     with connection.cursor() as c:
-        c.execute(f"SELECT {cols} FROM memory_entry WHERE workspace_id = %s ORDER BY id", [ws.pk])
+        upto = int(arg) if arg else None
+        where, params = (
+            ("workspace_id = %s", [ws.pk])
+            if upto is None
+            else ("workspace_id = %s AND id <= %s", [ws.pk, upto])
+        )
+        c.execute(f"SELECT {cols} FROM memory_entry WHERE {where} ORDER BY id", params)
         while True:
             rows = c.fetchmany(10_000)
             if not rows:
@@ -355,7 +364,14 @@ def op_checksum(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
         ).count(),
         "events": LifecycleEvent.objects.filter(workspace=ws).count(),
     }
-    out: dict[str, Any] = {"sha256": digest.hexdigest(), "counts": counts}
+    counts["entries"] = n
+    entries = Entry.objects.filter(workspace=ws)
+    out: dict[str, Any] = {
+        "sha256": digest.hexdigest(),
+        "counts": counts,
+        "max_id": entries.order_by("-pk").values_list("pk", flat=True).first() or 0,
+        "newer": entries.filter(pk__gt=upto).count() if upto is not None else 0,
+    }
     if dead is not None:
         out.update({"dead_rows": dead, "live_rows": live_tup, "table_bytes": size})
     return out
@@ -718,7 +734,8 @@ def measure(target: Target, n: int, args: argparse.Namespace) -> dict[str, Any]:
         step("revert", "revert", str(real["run_id"]))
     if real.get("backup"):
         step("restore", "restore", real["backup"]["file"])
-        restored = step("checksum_restored", "checksum")
+        restored = step("checksum_restored", "checksum", str(before.get("max_id", "")))
+        out["restore_newer"] = restored.get("newer", 0)
         out["restore_same"] = restored.get("sha256") == before.get("sha256") and restored.get(
             "counts", {}
         ).get("entries") == before.get("counts", {}).get("entries")
@@ -848,10 +865,12 @@ def render_section(
     if "restore" in m:
         r = m["restore"]
         same = "same entries checksum and count as before the run" if m.get("restore_same") else "**differs**"
+        newer = m.get("restore_newer", 0)
+        kept = f"; {newer:,} entries made after the backup (the run's retrospectives) kept" if newer else ""
         row(
             "restore of that backup (force)" if "backup" in m else "restore of the pre-prune backup (force)",
             r,
-            f"{r.get('restored', 0):,} rows inserted, {r.get('overwritten', 0):,} overwritten; {same}",
+            f"{r.get('restored', 0):,} rows inserted, {r.get('overwritten', 0):,} overwritten; {same}{kept}",
         )
     reads = m.get("reads", {})
     for name, label_text in (
