@@ -58,7 +58,7 @@ from memory.services import content_hash
 FRAGMENT_TYPES = (EntryType.TEST_ENTRY, EntryType.DEVELOPMENT_NOTE)
 LINE_MAX = 240  # characters of a fragment's first line kept in the digest
 REASON = "compact"
-_ROW = ("pk", "title", "content", "created_at", "run_importance", "entry_type")
+_ROW = ("pk", "title", "created_at", "run_importance", "entry_type")
 
 
 def _candidates(ctx: RunContext, only: list[int] | None) -> Any:
@@ -98,6 +98,7 @@ def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
         if len(rows) <= ctx.policy.consolidation_min_group:
             continue  # changed since the count: leave it for the next run
         ctx.held.update(held.get(key, ()))
+        _add_content(rows)
         with transaction.atomic():
             summary = _write_summary(ctx, group["project"], group["session_key"], rows)
             archived = transition(
@@ -120,15 +121,18 @@ def _group_rows(
     ctx: RunContext, only: list[int] | None, keys: set[tuple[str, str]]
 ) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """The fragments of every group to compact, in digest order (most important first, ties
-    oldest first), by (project, session_key): one statement. (One per group scanned the
-    workspace each time: no index leads with the session key, and 96 groups took 73 s of a
-    1,000,000-entry plan.)"""
+    oldest first), by (project, session_key), without their content (``_add_content`` reads
+    it one group at a time): one statement. (One per group scanned the workspace each time:
+    no index leads with the session key, and 96 groups took 73 s of a 1,000,000-entry plan.)"""
     members: dict[tuple[str, str], list[dict[str, Any]]] = {key: [] for key in keys}
     if not keys:
         return members
     rows = (
         fragments(ctx, only)
-        .filter(session_key__in=sorted({session for _, session in keys}))
+        .filter(
+            project__in=sorted({project for project, _ in keys}),
+            session_key__in=sorted({session for _, session in keys}),
+        )
         .annotate(run_importance=importance_of(ctx))
         .order_by("project", "session_key", "-run_importance", "created_at", "pk")
         .values(*_ROW, "project", "session_key")
@@ -138,6 +142,13 @@ def _group_rows(
         if key in members:
             members[key].append({**r, "importance": r.pop("run_importance")})
     return members
+
+
+def _add_content(rows: list[dict[str, Any]]) -> None:
+    """The content of one group's fragments, by id (one statement)."""
+    content = dict(Entry.objects.filter(pk__in=[r["pk"] for r in rows]).values_list("pk", "content"))
+    for r in rows:
+        r["content"] = content.get(r["pk"], "")
 
 
 def _held_by_group(

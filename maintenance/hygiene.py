@@ -700,6 +700,7 @@ def _candidates_of(workspace: Workspace, rows: list[dict[str, Any]]) -> list[Can
 
 
 class _Queue(NamedTuple):
+    assessed: QuerySet[Entry]  # the candidates already assessed, unordered
     ranked: QuerySet[Entry]  # the candidates, best first, after the entries still to assess
     rows: QuerySet[Entry]  # the same with their stored text reasons (``stored_reasons``)
     assess: Callable[[], None]  # assesses those (their points are NULL until then)
@@ -712,13 +713,15 @@ def _queue(workspace: Workspace) -> _Queue:
     there are, the caller assesses them and asks again."""
     policy, patterns = _policy(workspace)
     eligible = _eligible(workspace, policy)
-    ranked = (
-        _scored(workspace, eligible, patterns)
-        .filter(Q(hygiene_points__gte=CANDIDATE_SCORE) | Q(hygiene_points__isnull=True))
-        .order_by(F("hygiene_points").desc(nulls_first=True), "created_at", "pk")
+    scored = _scored(workspace, eligible, patterns)
+    ranked = scored.filter(Q(hygiene_points__gte=CANDIDATE_SCORE) | Q(hygiene_points__isnull=True)).order_by(
+        F("hygiene_points").desc(nulls_first=True), "created_at", "pk"
     )
     reasons = Subquery(_stored(patterns).values("reasons")[:1], output_field=JSONField())
     return _Queue(
+        # The score once per row (NULL fails the comparison): ``ranked`` restricted to the
+        # assessed rows repeats the expression three times in the statement.
+        scored.filter(Q(hygiene_points__gte=CANDIDATE_SCORE)).order_by(),
         ranked,
         ranked.annotate(stored_reasons=reasons),
         lambda: _assess_missing(workspace, eligible, patterns),
@@ -761,7 +764,7 @@ def count(workspace: Workspace, *, cap: int | None = None) -> int:
     counted exactly, entries still to assess included."""
     queue = _queue(workspace)
     if cap is not None:
-        assessed = capped_count(queue.ranked.filter(Q(hygiene_points__isnull=False)), cap=cap)
+        assessed = capped_count(queue.assessed, cap=cap)
         if assessed > cap:
             return assessed
     got: dict[str, int] = {}

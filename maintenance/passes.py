@@ -640,8 +640,8 @@ def _tags(workspace: Workspace, names: Iterable[str]) -> list[Tag]:
 def _insert_from_entries(
     model: type[Any], values: Mapping[str, str], ids: list[int], params: list[Any]
 ) -> None:
-    """One row of ``model`` per entry of ``ids``: ``INSERT INTO model (columns) SELECT
-    expressions FROM memory_entry WHERE id IN ids`` — ``values`` maps each field to an SQL
+    """One row of ``model`` per entry of ``ids``, in id order: ``INSERT INTO model (columns)
+    SELECT expressions FROM memory_entry WHERE id IN ids ORDER BY id`` — ``values`` maps each field to an SQL
     expression over the entry's columns (``%s`` placeholders take ``params`` in order). A
     model instance per row through ``bulk_create`` cost 65 µs a row against 14 (measured on
     20,000 events, PostgreSQL): a first run of a million entries writes ~800,000 events."""
@@ -650,7 +650,7 @@ def _insert_from_entries(
     rawsql_id = rawsql.column(Entry, "id")
     sql = (
         f"INSERT INTO {rawsql.table(model)} ({columns}) SELECT {', '.join(values.values())} "
-        f"FROM {rawsql.table(Entry)} WHERE {rawsql_id} {where}"
+        f"FROM {rawsql.table(Entry)} WHERE {rawsql_id} {where} ORDER BY {rawsql_id}"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, *id_params])

@@ -51,6 +51,7 @@ class PolicyForm(forms.ModelForm):
     review_mode = forms.ChoiceField(
         choices=REVIEW_MODE_CHOICES,
         widget=forms.RadioSelect,
+        required=False,  # a page without the control (loaded before it existed) keeps the mode
         help_text="Purges past grace (after a backup) happen in both modes; in propose mode "
         "nothing is archived or tombstoned until an operator approves it on the review page.",
     )
@@ -88,6 +89,9 @@ class PolicyForm(forms.ModelForm):
             field.show_hidden_initial = True
         self.initial["exclude_tags"] = ", ".join(self.instance.exclude_tags or [])
         self.initial["residue_patterns"] = "\n".join(self.instance.residue_patterns or [])
+
+    def clean_review_mode(self) -> str:
+        return self.cleaned_data.get("review_mode") or self.instance.review_mode
 
     def clean_exclude_tags(self) -> list[str]:
         return clean_tags(self.cleaned_data.get("exclude_tags") or "")

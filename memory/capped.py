@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import QuerySet
 
@@ -21,9 +22,14 @@ CAP = 1000
 
 
 def _limited(rows: QuerySet[Any], cap: int) -> tuple[str, tuple[Any, ...]]:
+    """``(SELECT COUNT(*) FROM (rows LIMIT cap + 1))`` as SQL and parameters; ``(SELECT 0)`` for
+    a queryset that can match nothing (Django refuses to compile one: ``EmptyResultSet``)."""
     limited = rows.order_by().values("pk")[: cap + 1]
-    sql, params = limited.query.get_compiler(using=limited.db).as_sql()
-    return sql, tuple(params)
+    try:
+        sql, params = limited.query.get_compiler(using=limited.db).as_sql()
+    except EmptyResultSet:
+        return "(SELECT 0)", ()
+    return f"(SELECT COUNT(*) FROM ({sql}) capped)", tuple(params)
 
 
 def capped_counts(lists: Mapping[str, QuerySet[Any]], *, cap: int | None = None) -> dict[str, int]:
@@ -36,9 +42,9 @@ def capped_counts(lists: Mapping[str, QuerySet[Any]], *, cap: int | None = None)
     parts: list[str] = []
     params: list[Any] = []
     using = next(iter(lists.values())).db
-    for i, rows in enumerate(lists.values()):
+    for rows in lists.values():
         sql, found = _limited(rows, cap)
-        parts.append(f"(SELECT COUNT(*) FROM ({sql}) capped_{i})")
+        parts.append(sql)
         params.extend(found)
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT " + ", ".join(parts), params)

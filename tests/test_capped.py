@@ -52,11 +52,13 @@ def test_counts_are_exact_up_to_the_cap_and_cap_plus_one_past_it_in_one_statemen
                 "at": ours.filter(pk__in=[e.pk for e in made[:5]]),
                 "past": ours,
                 "none": ours.filter(pk=0),
+                "empty": ours.none(),  # compiles to nothing: counted as 0, not an error
+                "no ids": ours.filter(pk__in=[]),
             },
             cap=5,
         )
     assert len(queries.captured_queries) == 1
-    assert found == {"below": 3, "at": 5, "past": 6, "none": 0}
+    assert found == {"below": 3, "at": 5, "past": 6, "none": 0, "empty": 0, "no ids": 0}
     assert capped.capped_count(ours, cap=4) == 5  # past the cap: cap + 1
     assert capped.capped_count(ours, cap=7) == 7
     assert capped.capped_count(Entry.objects.filter(workspace=other_workspace), cap=100) == 7

@@ -144,6 +144,15 @@ def test_admin_switches_the_review_mode_both_ways(client: Client, workspace: Wor
         assert "Policy saved (review_mode" in client.get(url(workspace)).content.decode()
 
 
+def test_a_page_without_the_review_mode_control_keeps_the_mode(client: Client, workspace: Workspace) -> None:
+    as_role(client, workspace, "admin")
+    data = policy_data(workspace, decay_lambda="0.05")
+    del data["review_mode"]  # a page loaded before the control existed
+    assert client.post(url(workspace, "settings_policy"), data).status_code == 303
+    row = MaintenancePolicy.objects.get(workspace=workspace)
+    assert (row.review_mode, row.decay_lambda) == ("apply", 0.05)
+
+
 def test_a_viewer_reads_the_review_mode(client: Client, workspace: Workspace) -> None:
     MaintenancePolicy.objects.filter(workspace=workspace).update(review_mode="apply")
     html = as_role(client, workspace, "viewer").get(url(workspace)).content.decode()
@@ -168,7 +177,6 @@ def test_out_of_range_values_are_clamped(client: Client, workspace: Workspace) -
         {"decay_sigma": "nan"},
         {"stale_after_days": ""},
         {"review_mode": "yolo"},
-        {"review_mode": ""},
     ],
 )
 def test_invalid_input_is_422_and_changes_nothing(
