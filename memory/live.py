@@ -12,6 +12,9 @@ very partial the pages include, so a page shows the same thing before and after 
   (``run_progress``, once per pass, and when it starts and ends). Only that run's page has the
   element; when the pushed fragment says the run ended, the page reloads its own run section
   (``static/js/console.js``), so counts, affected entries and revert appear without a reload;
+- ``console/dashboard.html#status-counts`` — ``<section id="status-counts">``, the
+  dashboard's entries by status (``render_status_counts``, when an applied or proposing run
+  ends);
 - ``console/partials/live_queue.html`` — ``<span id="live-queue">``, the open review counts
   of the header, the dashboard's "N changes await approval" (``<p id="live-pending">``) and
   the review queue's tab counts (``<span id="review-count-…">``; not hygiene, whose count
@@ -72,6 +75,7 @@ RUNS_SHOWN = 10
 RUNS_TEMPLATE = "console/partials/live_runs.html"
 QUEUE_TEMPLATE = "console/partials/live_queue.html"
 PROGRESS_TEMPLATE = "console/partials/run_progress.html"
+STATUS_TEMPLATE = "console/dashboard.html#status-counts"
 
 
 # --- what the pages include ------------------------------------------------------------------------
@@ -154,6 +158,27 @@ def render_runs(workspace_id: int) -> str:
 
         workspace = Workspace.objects.get(pk=workspace_id)
     return render_to_string(RUNS_TEMPLATE, {"runs": runs, "workspace": workspace})
+
+
+def status_context(workspace: Workspace) -> dict[str, Any]:
+    """The context of the dashboard's "Entries by status" (``STATUS_TEMPLATE``): ``counts``
+    (status, n) in status order, ``total`` and ``workspace``. One query."""
+    from memory.models import Status
+    from memory.selectors import status_counts
+
+    counts = status_counts(workspace)
+    return {
+        "workspace": workspace,
+        "counts": [(status, counts.get(status, 0)) for status in Status.values],
+        "total": sum(counts.values()),
+    }
+
+
+def render_status_counts(workspace_id: int) -> str:
+    from memory.models import Workspace
+
+    workspace = Workspace.objects.get(pk=workspace_id)
+    return render_to_string(STATUS_TEMPLATE, {**status_context(workspace), "oob": True})
 
 
 def render_queue(workspace_id: int) -> str:
@@ -252,8 +277,9 @@ def run_progress(run: MaintenanceRun) -> None:
 
 
 def run_finished(run: MaintenanceRun) -> None:
-    """A run ended (any status): its row changes, and the queue may have too."""
+    """A run ended (any status): its row changes, and the queue and the entries by status may
+    have too."""
     if run.dry_run or run.status not in ("succeeded", "proposed"):
         _announce(run.workspace_id, render_runs, progress_renderer(run))
     else:
-        _announce(run.workspace_id, render_runs, render_queue, progress_renderer(run))
+        _announce(run.workspace_id, render_runs, render_queue, render_status_counts, progress_renderer(run))

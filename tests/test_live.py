@@ -145,6 +145,12 @@ def test_an_applied_run_also_sends_the_review_counts(workspace, member):
     counts = live.queue_counts(workspace)
     assert f'data-automatic="{counts["automatic"]}"' in finished
     assert f'data-tombstones="{counts["tombstones"]}"' in finished
+    # The dashboard's entries by status, as the dashboard itself renders them.
+    assert '<section id="status-counts" class="panel" hx-swap-oob="true">' in finished
+    statuses = dict(live.status_context(workspace)["counts"])
+    assert statuses["active"] + statuses["archived"] + statuses["tombstoned"] == 3
+    for status, n in statuses.items():
+        assert re.search(rf'status-{status}">.*?<span class="stat-n">{n}</span>', finished, re.S)
 
 
 async def _until_ended(communicator: Any, limit: int = 100) -> list[str]:

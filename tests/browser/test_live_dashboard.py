@@ -159,10 +159,13 @@ def test_the_review_counts_follow_a_run_of_another_process(page, server):
     wait_live(page)
     page.evaluate("window.__notReloaded = 'still the same page'")
     expect(queue).to_have_attribute("data-automatic", "0")
+    archived = page.locator("#status-counts .status-archived .stat-n")
+    expect(archived).to_have_text("0")
 
     server.manage("maintain", "--workspace", "queue")  # archives the five old notes
 
     expect(queue).to_have_attribute("data-automatic", "5", timeout=5_000)
     expect(queue).to_contain_text("5 automatic changes")
+    expect(archived).to_have_text("5")  # the dashboard's entries by status follow too
     _assert_not_reloaded(page)
     shot(page, "dashboard-live-queue")
