@@ -117,6 +117,15 @@ def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
     return result
 
 
+def _around(qs: Any, keys: set[tuple[str, str]]) -> Any:
+    """``qs`` narrowed to the projects and session keys of ``keys`` (a superset of the groups:
+    the caller keeps the rows whose pair is one of them)."""
+    return qs.filter(
+        project__in=sorted({project for project, _ in keys}),
+        session_key__in=sorted({session for _, session in keys}),
+    )
+
+
 def _group_rows(
     ctx: RunContext, only: list[int] | None, keys: set[tuple[str, str]]
 ) -> dict[tuple[str, str], list[dict[str, Any]]]:
@@ -128,11 +137,7 @@ def _group_rows(
     if not keys:
         return members
     rows = (
-        fragments(ctx, only)
-        .filter(
-            project__in=sorted({project for project, _ in keys}),
-            session_key__in=sorted({session for _, session in keys}),
-        )
+        _around(fragments(ctx, only), keys)
         .annotate(run_importance=importance_of(ctx))
         .order_by("project", "session_key", "-run_importance", "created_at", "pk")
         .values(*_ROW, "project", "session_key")
@@ -158,11 +163,7 @@ def _held_by_group(
     held: dict[tuple[str, str], list[int]] = {}
     if not keys:
         return held
-    rows = (
-        held_only(_candidates(ctx, only), ctx)
-        .filter(session_key__in=sorted({session for _, session in keys}))
-        .values_list("pk", "project", "session_key")
-    )
+    rows = _around(held_only(_candidates(ctx, only), ctx), keys).values_list("pk", "project", "session_key")
     for pk, project, session in rows:
         if (project, session) in keys:
             held.setdefault((project, session), []).append(pk)

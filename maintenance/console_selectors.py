@@ -320,17 +320,24 @@ def dispute_queue(
 # --- counts of the tab bar ----------------------------------------------------------------
 
 
-def review_counts(workspace: Workspace, *, known: Mapping[str, int] | None = None) -> dict[str, int]:
-    """Tab → number of items, in tab order, each capped at ``memory.capped.CAP`` + 1 (pages
-    show "1,000+"): the page costs the same at a million entries as at a thousand. ``known``
-    holds counts the caller already has (an unfiltered list's count is its tab's count)."""
-    known = known or {}
-    lists = {
+def open_review(workspace: Workspace) -> dict[str, QuerySet[Any]]:
+    """The open review work of the tabs a count needs no scoring for, by tab: open proposals
+    (``pending``), automatic changes a revert would undo, open tombstones, open disputes. The
+    review page's tab counts and the header's live counts both count these."""
+    return {
         "pending": Proposal.objects.filter(workspace=workspace, status=ProposalStatus.OPEN),
         "automatic": automatic_changes(workspace),
         "tombstones": open_tombstones(workspace),
         "disputes": Dispute.objects.filter(workspace=workspace, status=DisputeStatus.OPEN),
     }
+
+
+def review_counts(workspace: Workspace, *, known: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Tab → number of items, in tab order, each capped at ``memory.capped.CAP`` + 1 (pages
+    show "1,000+"): the page costs the same at a million entries as at a thousand. ``known``
+    holds counts the caller already has (an unfiltered list's count is its tab's count)."""
+    known = known or {}
+    lists = open_review(workspace)
     counted = {**capped.capped_counts({tab: qs for tab, qs in lists.items() if tab not in known}), **known}
     if "hygiene" not in counted:
         counted["hygiene"] = hygiene.count(workspace, cap=capped.CAP)

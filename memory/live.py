@@ -108,20 +108,21 @@ def queue_counts(workspace: Workspace | int) -> dict[str, int]:
     still undo (``automatic_changes``), open tombstones and open disputes — each capped at
     ``memory.capped.CAP`` + 1 (pages show "1,000+"), so the header costs the same at a million
     entries as at a thousand. (Hygiene candidates are left out: finding them scores entries.)"""
-    from maintenance.console_selectors import automatic_changes, open_tombstones
-    from maintenance.models import Dispute, DisputeStatus, Proposal, ProposalAction, ProposalStatus
+    from maintenance.console_selectors import open_review
+    from maintenance.models import ProposalAction
     from memory.models import Workspace as WorkspaceModel
 
     ws: Any = workspace if not isinstance(workspace, int) else WorkspaceModel(pk=workspace)
-    proposed = Proposal.objects.filter(workspace=ws, status=ProposalStatus.OPEN)
+    lists = open_review(ws)
+    proposed = lists["pending"]
     return capped_counts(
         {
             "proposals": proposed,
             "proposed_archive": proposed.filter(action=ProposalAction.ARCHIVE),
             "proposed_tombstone": proposed.filter(action=ProposalAction.TOMBSTONE),
-            "automatic": automatic_changes(ws),
-            "tombstones": open_tombstones(ws),
-            "disputes": Dispute.objects.filter(workspace=ws, status=DisputeStatus.OPEN),
+            "automatic": lists["automatic"],
+            "tombstones": lists["tombstones"],
+            "disputes": lists["disputes"],
         }
     )
 

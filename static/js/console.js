@@ -17,8 +17,9 @@ document.addEventListener("htmx:beforeSwap", (event) => {
 
 // The pending-approval panel reloads itself (hx-trigger="pending-changed") when a live update
 // says the open set changed elsewhere (another tab, the API, the CLI, a run): the count pushed
-// into #live-queue differs from the one the panel shows (both past the cap count as equal). Not while an action of the panel is
-// in flight: replacing its form would drop the action's answer, which brings the count itself.
+// into #live-queue differs from the one the panel shows (both past the cap count as equal).
+// Not while an action of the panel is in flight: replacing its form would drop the action's
+// answer, which brings the count itself.
 document.addEventListener("htmx:oobAfterSwap", (event) => {
   const target = event.target; // the element swapped in, with the pushed counts
   if (!(target instanceof Element) || target.id !== "live-queue") return;
