@@ -41,6 +41,7 @@ from maintenance.passes import (
     transition,
     unprotected,
 )
+from maintenance.plan_status import status_in
 from maintenance.scoring_db import refresh_scores
 from memory.models import (
     CONTENT_MAX,
@@ -65,8 +66,8 @@ def _candidates(ctx: RunContext, only: list[int] | None) -> Any:
     cutoff = ctx.now - timedelta(days=ctx.policy.consolidation_min_age_days)
     qs = latest(ctx) if only is None else latest(ctx).filter(pk__in=only)
     return qs.filter(
+        status_in([Status.ACTIVE, Status.STALE]),
         entry_type__in=FRAGMENT_TYPES,
-        status__in=[Status.ACTIVE, Status.STALE],
         created_at__lt=cutoff,
     ).exclude(session_key="")
 

@@ -100,6 +100,7 @@ from django.utils import timezone
 
 from maintenance.models import Dispute, DisputeStatus, Resolution
 from maintenance.passes import PassResult, RunContext
+from maintenance.plan_status import status_in
 from maintenance.scoring_db import refresh_scores
 from maintenance.text import content_words, words
 from memory import holds, live, services
@@ -379,9 +380,9 @@ def flag_contradictions(ctx: RunContext) -> PassResult:
     Three queries: the batch, the disputes already among it, one insert."""
     candidates = Entry.objects.filter(
         Q(tier__in=DURABLE_TIERS) | Q(entry_type__in=DURABLE_TYPES),
+        status_in(SWEPT_STATUSES),
         workspace=ctx.workspace,
         is_latest=True,
-        status__in=SWEPT_STATUSES,
     )
     rows = (
         _without_excluded_tags(candidates, ctx.policy.exclude_tags)

@@ -90,6 +90,7 @@ from django.utils import timezone
 
 from maintenance.models import HygieneAssessment, MaintenancePolicy
 from maintenance.passes import PassResult, RunContext, latest, transition, unprotected
+from maintenance.plan_status import status_in
 from maintenance.policy import PolicyValues
 from maintenance.scoring_db import refresh_scores
 from maintenance.text import content_words, normalise
@@ -545,7 +546,7 @@ def _oldest_live(workspace: Workspace, hashes: set[str]) -> dict[str, tuple[date
     """For each hash, (created_at, id) of its oldest live latest entry (one query)."""
     oldest: dict[str, tuple[datetime, int]] = {}
     rows = Entry.objects.filter(
-        workspace=workspace, is_latest=True, status__in=LIVE_STATUSES, content_hash__in=hashes
+        status_in(LIVE_STATUSES), workspace=workspace, is_latest=True, content_hash__in=hashes
     ).values_list("content_hash", "created_at", "pk")
     for h, created, pk in rows:
         if h not in oldest or (created, pk) < oldest[h]:
@@ -664,9 +665,9 @@ def _scored(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Patter
     makes them)."""
     stored = _stored(patterns)
     older_copy = Entry.objects.filter(
+        status_in(LIVE_STATUSES),
         workspace=workspace,
         is_latest=True,
-        status__in=LIVE_STATUSES,
         content_hash=OuterRef("content_hash"),
     ).filter(
         Q(created_at__lt=OuterRef("created_at")) | Q(created_at=OuterRef("created_at"), pk__lt=OuterRef("pk"))
@@ -916,7 +917,7 @@ def _low_quality_picks(ctx: RunContext, qs: QuerySet[Entry]) -> dict[int, Candid
 
 def low_quality_base(ctx: RunContext) -> QuerySet[Entry]:
     cutoff = ctx.now - timedelta(days=ctx.policy.low_quality_min_age_days)
-    return _not_kept(latest(ctx).filter(status=Status.ACTIVE, access_count=0, created_at__lt=cutoff))
+    return _not_kept(latest(ctx).filter(status_in([Status.ACTIVE]), access_count=0, created_at__lt=cutoff))
 
 
 def archive_low_quality(ctx: RunContext, *, only: Iterable[int] | None = None) -> PassResult:
@@ -935,7 +936,7 @@ def archive_low_quality(ctx: RunContext, *, only: Iterable[int] | None = None) -
         chunk = ids[start : start + ctx.batch_size]
         done = transition(
             ctx,
-            unprotected(latest(ctx).filter(pk__in=chunk, status=Status.ACTIVE), ctx),
+            unprotected(latest(ctx).filter(status_in([Status.ACTIVE]), pk__in=chunk), ctx),
             to_status=Status.ARCHIVED,
             reason="low_quality",
         )

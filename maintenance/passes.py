@@ -21,6 +21,8 @@ from django.db import connection, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Coalesce, Least
 
+from maintenance import plan_status
+from maintenance.plan_status import status_in
 from maintenance.policy import PolicyValues
 from maintenance.scoring_db import counted_end, plan_scores, refresh_scores
 from memory import rawsql
@@ -197,6 +199,8 @@ def transition(
     link checks are index lookups per row; a keyset walk (``pk > last``, LIMIT) made
     PostgreSQL build them as hash tables over every link and entry for each batch: 180 ms a
     batch, 15 of the decay pass's 16 s at 100,000 entries."""
+    if plan_status.active():
+        return _planned_transition(ctx, candidates, to_status=to_status, detail_fields=detail_fields)
     result = PassResult()
     ids_all = list(candidates.order_by("pk").values_list("pk", flat=True))
     for start in range(0, len(ids_all), ctx.batch_size):
@@ -227,6 +231,21 @@ def transition(
             result.ids += ids
         ctx.heartbeat()
     result.count = len(result.ids)
+    return result
+
+
+def _planned_transition(
+    ctx: RunContext, candidates: QuerySet[Entry], *, to_status: str, detail_fields: tuple[str, ...]
+) -> PassResult:
+    """``transition`` inside a plan with the status overlay: the candidates read once and
+    their new status recorded beside them (``maintenance.plan_status``); no entry row is
+    written or locked, no record made (the plan's records would be rolled back anyway)."""
+    rows = list(candidates.order_by("pk").values("pk", *detail_fields))
+    ids = [r["pk"] for r in rows]
+    plan_status.record(ids, to_status, ctx.now)
+    result = PassResult(count=len(ids), ids=ids)
+    if detail_fields and rows:
+        result.extra["rows"] = [{"id": r["pk"], **{f: r[f] for f in detail_fields}} for r in rows]
     return result
 
 
@@ -274,7 +293,7 @@ def graduate_staged(ctx: RunContext) -> PassResult:
     dispatched into an agent's context at least twice) become active lessons."""
     candidates = (
         latest(ctx)
-        .filter(status=Status.STAGED, staged_class__in=GRADUATING_CLASSES)
+        .filter(status_in([Status.STAGED]), staged_class__in=GRADUATING_CLASSES)
         .filter(Q(reinforced_at__isnull=False) | Q(retrieval_count__gte=2))
     )
     result = PassResult()
@@ -318,7 +337,10 @@ def graduate_staged(ctx: RunContext) -> PassResult:
 
 def expire_staged_candidates(ctx: RunContext) -> QuerySet[Entry]:
     return unprotected(
-        latest(ctx).filter(status=Status.STAGED, reinforced_at__isnull=True, ttl_expires_at__lte=ctx.now), ctx
+        latest(ctx).filter(
+            status_in([Status.STAGED]), reinforced_at__isnull=True, ttl_expires_at__lte=ctx.now
+        ),
+        ctx,
     )
 
 
@@ -333,7 +355,7 @@ def mark_stale(ctx: RunContext) -> PassResult:
     cutoff = _days_ago(ctx, ctx.policy.stale_after_days)
     candidates = unprotected(
         latest(ctx)
-        .filter(status=Status.ACTIVE, created_at__lt=cutoff, updated_at__lt=cutoff)
+        .filter(status_in([Status.ACTIVE]), created_at__lt=cutoff, updated_at__lt=cutoff)
         .filter(Q(last_accessed_at__isnull=True) | Q(last_accessed_at__lt=cutoff)),
         ctx,
     )
@@ -343,10 +365,9 @@ def mark_stale(ctx: RunContext) -> PassResult:
 def archive_candidates(ctx: RunContext, *, stale_part: bool = True) -> QuerySet[Entry]:
     rule = Q(pk__in=[])
     if stale_part:
-        rule |= Q(status=Status.STALE, status_changed_at__lte=_days_ago(ctx, ctx.policy.archive_after_days))
+        rule |= status_in([Status.STALE], changed_before=_days_ago(ctx, ctx.policy.archive_after_days))
     if ctx.policy.archive_older_than_days > 0:
-        rule |= Q(
-            status__in=[Status.ACTIVE, Status.STALE],
+        rule |= status_in([Status.ACTIVE, Status.STALE]) & Q(
             created_at__lt=_days_ago(ctx, ctx.policy.archive_older_than_days),
             run_importance__lt=ctx.policy.importance_threshold,
         )
@@ -385,7 +406,7 @@ def prune_candidates(ctx: RunContext) -> QuerySet[Entry]:
             latest(ctx)
             .alias(run_importance=importance_of(ctx))
             .filter(
-                status__in=[Status.ACTIVE, Status.STALE, Status.ARCHIVED],
+                status_in([Status.ACTIVE, Status.STALE, Status.ARCHIVED]),
                 created_at__lt=_days_ago(ctx, ctx.policy.prune_older_than_days),
                 run_importance__lt=ctx.policy.importance_threshold,
             ),
@@ -405,7 +426,7 @@ def prune(ctx: RunContext) -> PassResult:
 
 def decay_candidates(ctx: RunContext) -> QuerySet[Entry]:
     """Entries the decay pass evaluates: latest episodic active/stale entries."""
-    return latest(ctx).filter(tier=Tier.EPISODIC, status__in=[Status.ACTIVE, Status.STALE])
+    return latest(ctx).filter(status_in([Status.ACTIVE, Status.STALE]), tier=Tier.EPISODIC)
 
 
 def cold_candidates(ctx: RunContext) -> QuerySet[Entry]:
@@ -436,7 +457,7 @@ def ttl_candidates(ctx: RunContext) -> QuerySet[Entry]:
     every other protection — an operator hold included — still applies."""
     return unprotected(
         latest(ctx).filter(
-            status__in=[Status.STAGED, Status.ACTIVE, Status.STALE, Status.ARCHIVED], expires_at__lte=ctx.now
+            status_in([Status.STAGED, Status.ACTIVE, Status.STALE, Status.ARCHIVED]), expires_at__lte=ctx.now
         ),
         ctx,
         honour_pin=False,
@@ -455,8 +476,9 @@ def reclaim_candidates(ctx: RunContext) -> QuerySet[Entry]:
     return unprotected(
         not_high_value(
             latest(ctx).filter(
-                status=Status.ARCHIVED,
-                archived_at__lte=_days_ago(ctx, ctx.policy.reclaim_archived_after_days),
+                status_in(
+                    [Status.ARCHIVED], archived_before=_days_ago(ctx, ctx.policy.reclaim_archived_after_days)
+                )
             ),
             ctx.now,
         ),
@@ -505,10 +527,10 @@ def prune_links(ctx: RunContext) -> PassResult:
     restorable)."""
     gone = [Status.ARCHIVED, Status.TOMBSTONED]
     candidates = Relationship.objects.filter(
+        status_in(gone, prefix="from_entry__"),
+        status_in(gone, prefix="to_entry__"),
         workspace=ctx.workspace,
         pruned_at__isnull=True,
-        from_entry__status__in=gone,
-        to_entry__status__in=gone,
     )
     result = PassResult()
     last = 0
@@ -621,7 +643,7 @@ def count_orphans(ctx: RunContext) -> PassResult:
     n = (
         latest(ctx)
         .alias(run_importance=importance_of(ctx))
-        .filter(status__in=[Status.STAGED, Status.ACTIVE, Status.STALE], run_importance__lt=ORPHAN_IMPORTANCE)
+        .filter(status_in([Status.STAGED, Status.ACTIVE, Status.STALE]), run_importance__lt=ORPHAN_IMPORTANCE)
         .exclude(Exists(any_link))
         .count()
     )

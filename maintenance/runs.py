@@ -10,9 +10,10 @@ recording where it is once per pass (``Progress``):
 1. **Plan.** Every pass runs inside one transaction that is rolled back at the end. This gives
    the exact counts and ids the run would produce — it *is* the dry run, so a dry run and a
    real run at the same ``now`` agree by construction — and decides the circuit breaker
-   before anything is changed. Its score pass does not rewrite every entry's row only to roll
-   it back: it scores into a temporary narrow table the plan's passes read
-   (``scoring_db.plan_scores``). On PostgreSQL the lease is renewed during the plan from a
+   before anything is changed. It writes no entry's row only to roll it back: its score pass
+   scores into a temporary narrow table the plan's passes read (``scoring_db.plan_scores``),
+   and its status changes are kept beside the entries (``plan_status``), so the plan locks
+   no entry an API call may write. On PostgreSQL the lease is renewed during the plan from a
    connection of its own (``lease.keep_alive``).
 2. **Apply** (real runs that are not blocked). The pre-prune backup is written first when the
    plan will change rows in a destructive pass (8–13); a failed backup fails the run with
@@ -32,6 +33,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,7 +41,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
-from maintenance import backups, bookkeeping, lease, passes, proposals, scoring_db
+from maintenance import backups, bookkeeping, lease, passes, plan_status, proposals, scoring_db
 from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus
 from maintenance.passes import LeaseLost, PassResult, RunContext
 from maintenance.policy import PolicyValues, clamp_value, clean_tags
@@ -356,8 +358,9 @@ def _plan(
     row (``scoring_db.plan_scores``)."""
     outcome: Outcome | None = None
     planning = replace(ctx, renew=keep_alive or (lambda: True), planning=True)
+    statuses = plan_status.overlay() if plan_status.needed(ctx.policy.purge_grace_days) else nullcontext()
     try:
-        with transaction.atomic(), scoring_db.planning():
+        with transaction.atomic(), scoring_db.planning(), statuses:
             outcome = _execute(planning, kind, None, recorder=recorder)
             scoring_db.drop_plan_scores()
             raise _Rollback

@@ -1,0 +1,137 @@
+"""The statuses a run's plan has decided, kept beside the entries instead of written into them.
+
+The plan (``maintenance.runs._plan``) executes every pass inside a transaction that is rolled
+back. A status change written there into ``memory_entry`` locked the row until the rollback —
+a write of that entry from the API waited for the whole plan (a minute and more at 1,000,000
+entries) — and left a dead row version behind. Instead, while the overlay is open, the generic
+transition records ``(entry, new status, when)`` in a temporary narrow table, and every pass
+that reads an entry's status after an earlier pass may have changed it reads it through
+``status_in``: the planned status where there is one, the stored one elsewhere. The apply then
+writes what the plan decided, one batch per transaction.
+
+Invariants: a transition sets ``status_changed_at`` (and for ``archived`` ``archived_at``) to
+the run's ``now`` — the overlay's ``changed_at``; nothing else of the row changes. A pass that
+writes other columns (graduation, compaction's summaries, contradiction disputes) still writes
+them in the plan's transaction. When tombstones may be purged in the same run (a grace of 0
+days) the plan writes every change as before (``needed``): the purge pass reads tombstone rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import datetime
+
+from django.db import connection
+from django.db.models import Q
+from django.db.models.expressions import RawSQL
+
+from memory import rawsql
+from memory.models import Entry, Status
+
+TABLE = "maintenance_planstatus"
+CHUNK = 2000
+
+# While a plan runs with the overlay: {"rows": n} (how many entries it has moved so far).
+_open: ContextVar[dict[str, int] | None] = ContextVar("plan_status", default=None)
+
+
+def needed(purge_grace_days: int) -> bool:
+    """Whether a plan can keep its status changes in the overlay (see the module's docstring)."""
+    return purge_grace_days > 0
+
+
+def _name() -> str:
+    schema = "pg_temp" if connection.vendor == "postgresql" else "temp"
+    return f"{schema}.{TABLE}"
+
+
+@contextmanager
+def overlay() -> Iterator[None]:
+    """Open the overlay for the plan that runs inside: a temporary table, dropped at the end
+    (the plan's rollback drops it too)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {_name()}")
+        cursor.execute(
+            f"CREATE TEMP TABLE {TABLE} (entry_id bigint PRIMARY KEY, status varchar(16) NOT NULL, "
+            "changed_at timestamp NOT NULL)"
+            if connection.vendor == "sqlite"
+            else f"CREATE TEMP TABLE {TABLE} (entry_id bigint PRIMARY KEY, status varchar(16) NOT NULL, "
+            "changed_at timestamptz NOT NULL)"
+        )
+    token = _open.set({"rows": 0})
+    try:
+        yield
+    finally:
+        _open.reset(token)
+    # Not on an error: the transaction may be aborted; its rollback drops the table anyway.
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {_name()}")
+
+
+def active() -> bool:
+    """A plan with the overlay is running: transitions record instead of writing."""
+    return _open.get() is not None
+
+
+def record(ids: Sequence[int], status: str, now: datetime) -> None:
+    """The plan moves the entries ``ids`` to ``status`` at ``now``."""
+    state = _open.get()
+    assert state is not None, "record() outside a plan's overlay"
+    stamp = connection.ops.adapt_datetimefield_value(now)
+    entry_id = rawsql.column(Entry, "id")
+    for start in range(0, len(ids), CHUNK):
+        where, params = rawsql.in_values(list(ids[start : start + CHUNK]))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {_name()} (entry_id, status, changed_at) "
+                f"SELECT {entry_id}, %s, %s FROM {rawsql.table(Entry)} WHERE {entry_id} {where} "
+                "ON CONFLICT (entry_id) DO UPDATE "
+                "SET status = excluded.status, changed_at = excluded.changed_at",
+                [status, stamp, *params],
+            )
+    state["rows"] += len(ids)
+
+
+def _planned(statuses: Sequence[str] | None, changed_before: datetime | None) -> RawSQL:
+    """The ids the plan moved (into one of ``statuses``, at or before ``changed_before``)."""
+    sql = f"SELECT entry_id FROM {_name()}"
+    conditions: list[str] = []
+    params: list[object] = []
+    if statuses is not None:
+        conditions.append(f"status IN ({', '.join(['%s'] * len(statuses))})")
+        params += list(statuses)
+    if changed_before is not None:
+        conditions.append("changed_at <= %s")
+        params.append(connection.ops.adapt_datetimefield_value(changed_before))
+    if conditions:
+        sql += " WHERE " + " AND ".join(conditions)
+    return RawSQL(sql, params)
+
+
+def status_in(
+    statuses: Sequence[str],
+    *,
+    prefix: str = "",
+    changed_before: datetime | None = None,
+    archived_before: datetime | None = None,
+) -> Q:
+    """Entries (``prefix``: through a relation, e.g. ``"from_entry__"``) whose status is one
+    of ``statuses`` — changed at or before ``changed_before``, archived at or before
+    ``archived_before`` when given — as the run sees them: inside a plan with the overlay, the
+    status the plan decided where it decided one (changed and archived at the run's ``now``)."""
+    statuses = list(statuses)
+    stored = Q(**{f"{prefix}status__in": statuses})
+    if changed_before is not None:
+        stored &= Q(**{f"{prefix}status_changed_at__lte": changed_before})
+    if archived_before is not None:
+        # A planned change stamps archived_at only when it archives.
+        assert statuses == [Status.ARCHIVED], "archived_before is the reclaim pass's: archived entries only"
+        stored &= Q(**{f"{prefix}archived_at__lte": archived_before})
+    state = _open.get()
+    if not state or not state["rows"]:
+        return stored
+    before = min((t for t in (changed_before, archived_before) if t is not None), default=None)
+    pk = f"{prefix}pk__in"
+    return (stored & ~Q(**{pk: _planned(None, None)})) | Q(**{pk: _planned(statuses, before)})
