@@ -601,7 +601,6 @@ def _parse_or_empty(raw: bytes | None) -> dict[str, Any]:
 class _Counted(NamedTuple):
     header: Header
     trailer: dict[str, Any]
-    counts: dict[str, int]
 
 
 # How this version writes a row's line (orjson: no spaces, the id first): the writing scan of
@@ -718,7 +717,7 @@ def _scan(
         or set(stated) - set(found)
     ):
         raise BackupError(f"{path}: counts mismatch (the file holds {_counts_text(found)})")
-    return _Counted(header, trailer, found)
+    return _Counted(header, trailer)
 
 
 def read_backup(path: Source, progress: Progress | None = None) -> tuple[Header, Rows, dict[str, Any]]:

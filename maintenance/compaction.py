@@ -186,7 +186,7 @@ def _write_summary(ctx: RunContext, project: str, session_key: str, rows: list[d
         status_changed_at=ctx.now,
         created_at=ctx.now,
         updated_at=ctx.now,
-        metadata={"compacted_by_run": ctx.run.pk if ctx.run else None, "fragments": len(rows)},
+        metadata={"compacted_by_run": ctx.run_id, "fragments": len(rows)},
     )
     entry.save()
     Entry.objects.filter(pk=entry.pk).update(lineage_id=entry.pk)

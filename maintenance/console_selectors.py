@@ -325,7 +325,7 @@ def open_review(workspace: Workspace) -> dict[str, QuerySet[Any]]:
     (``pending``), automatic changes a revert would undo, open tombstones, open disputes. The
     review page's tab counts and the header's live counts both count these."""
     return {
-        "pending": Proposal.objects.filter(workspace=workspace, status=ProposalStatus.OPEN),
+        "pending": proposals.open_proposals(workspace),
         "automatic": automatic_changes(workspace),
         "tombstones": open_tombstones(workspace),
         "disputes": Dispute.objects.filter(workspace=workspace, status=DisputeStatus.OPEN),

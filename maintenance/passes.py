@@ -79,6 +79,11 @@ class RunContext:
     # decay sweep reports them; a full run of a million entries would keep ~250,000 dicts.
     details: bool = True
 
+    @property
+    def run_id(self) -> int | None:
+        """The id of the run the records name (none for an operator's approval outside a run)."""
+        return self.run.pk if self.run is not None else None
+
     def heartbeat(self) -> None:
         if not self.renew():
             raise LeaseLost(f"lease of workspace {self.workspace.slug} was lost")
@@ -706,7 +711,7 @@ def _events(ctx: RunContext, ids: list[int], *, to_status: str, reason: str) -> 
         [
             to_status,
             reason,
-            ctx.run.pk if ctx.run is not None else None,
+            ctx.run_id,
             ctx.actor,
             True,
             connection.ops.adapt_datetimefield_value(ctx.now),
@@ -739,7 +744,7 @@ def _tombstones(ctx: RunContext, ids: list[int], reason: str) -> None:
         ids,
         [
             reason,
-            ctx.run.pk if ctx.run is not None else None,
+            ctx.run_id,
             ctx.actor,
             connection.ops.adapt_datetimefield_value(ctx.now),
             connection.ops.adapt_datetimefield_value(ctx.now + grace),

@@ -251,10 +251,15 @@ def record(
 # --- reading ----------------------------------------------------------------------------------
 
 
+def open_proposals(workspace: Workspace | int) -> QuerySet[Proposal]:
+    """The proposals still waiting for an operator's decision, unordered."""
+    return Proposal.objects.filter(workspace=workspace, status=ProposalStatus.OPEN)
+
+
 def open_set(
     workspace: Workspace, *, reason: str | None = None, action: str | None = None
 ) -> QuerySet[Proposal]:
-    qs = Proposal.objects.filter(workspace=workspace, status=ProposalStatus.OPEN)
+    qs = open_proposals(workspace)
     if reason:
         qs = qs.filter(reason=reason)
     if action:
@@ -265,10 +270,7 @@ def open_set(
 def counts_by_reason(workspace: Workspace) -> list[dict[str, Any]]:
     """The open set by reason, in run order: [{reason, label, action, count}] (one query)."""
     found = dict(
-        Proposal.objects.filter(workspace=workspace, status=ProposalStatus.OPEN)
-        .values("reason")
-        .annotate(n=Count("pk"))
-        .values_list("reason", "n")
+        open_proposals(workspace).values("reason").annotate(n=Count("pk")).values_list("reason", "n")
     )
     return [
         {"reason": key, "label": REASON_LABELS[key], "action": ACTIONS[key], "count": found[key]}
@@ -278,7 +280,7 @@ def counts_by_reason(workspace: Workspace) -> list[dict[str, Any]]:
 
 
 def open_count(workspace: Workspace | int) -> int:
-    return Proposal.objects.filter(workspace=workspace, status=ProposalStatus.OPEN).count()
+    return open_proposals(workspace).count()
 
 
 # --- deciding ---------------------------------------------------------------------------------

@@ -113,6 +113,25 @@ def test_a_link_whose_ends_were_both_archived_earlier_in_the_run_is_pruned(works
     assert Relationship.objects.get(pk=link.pk).pruned_at == now
 
 
+def test_fragments_archived_earlier_in_the_run_leave_their_group_too_small_to_compact(workspace, now):
+    policy(workspace, archive_older_than_days=150, importance_threshold=0.5)
+    for n in range(11):  # 11 > consolidation_min_group (10); the two oldest are archived first (5)
+        when = now - timedelta(days=200 if n < 2 else 20, minutes=n)
+        services.entry_create(
+            workspace=workspace,
+            content=f"Step {n}: wired the login form validation and checked the session cookie",
+            entry_type="development_note",
+            tier="semantic",
+            project="web",
+            session_key="feature-login",
+            created_at=when,
+            now=when,
+        )
+    real = dry_then_real(workspace, now, [])
+    assert real["counts"]["archived"] == 2
+    assert real["counts"]["summaries_created"] == 0 and real["counts"]["consolidated"] == 0
+
+
 def test_with_no_grace_the_plan_writes_its_changes_as_before(workspace, now):
     """A grace of 0 days purges this run's own tombstones in the same run: the purge reads
     tombstone rows, so that plan writes (and rolls back) every change."""
