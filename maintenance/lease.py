@@ -78,15 +78,17 @@ def held(workspace: Workspace, *, now: datetime) -> tuple[bool, int | None]:
 KEEP_ALIVE_EVERY = 10.0  # seconds between two renewals from the side connection
 
 
-def keep_alive(workspace: Workspace, *, holder: str) -> Callable[[], bool] | None:
+def keep_alive(workspace: Workspace, *, holder: str, reading: bool = False) -> Callable[[], bool] | None:
     """A renewal for a phase that runs inside one long transaction (the plan, rolled back at
-    its end: a renewal inside it would be rolled back too). On PostgreSQL it renews from a
-    connection of its own, committed at once, at most every KEEP_ALIVE_EVERY seconds, never
-    waiting for a lock (SKIP LOCKED): so a plan longer than the lease's TTL keeps it. It only
-    extends; it never reports the lease lost — the caller checks on its own connection once
-    the phase is over, as before. None where it cannot work: on SQLite (the plan holds the
-    database's write lock, no other connection can write) and inside a caller's transaction."""
-    if connection.vendor != "postgresql" or connection.in_atomic_block:
+    its end: a renewal inside it would be rolled back too; the pre-prune backup, one read
+    snapshot). It renews from a connection of its own, committed at once, at most every
+    KEEP_ALIVE_EVERY seconds, never waiting for a lock (SKIP LOCKED): so a phase longer than
+    the lease's TTL keeps it. It only extends; it never reports the lease lost — the caller
+    checks on its own connection once the phase is over, as before. None where it cannot work:
+    inside a caller's transaction, and on SQLite for a phase that writes (the plan holds the
+    database's write lock, no other connection can write); a ``reading`` phase on SQLite holds
+    a read snapshot only, which leaves the write lock to the renewal."""
+    if connection.in_atomic_block or (connection.vendor != "postgresql" and not reading):
         return None
     last = [time.monotonic()]
 
@@ -98,11 +100,17 @@ def keep_alive(workspace: Workspace, *, holder: str) -> Callable[[], bool] | Non
         try:
             table = MaintenanceLease._meta.db_table
             with side.cursor() as cursor:
-                cursor.execute(
-                    f"UPDATE {table} SET renewed_at = %s WHERE id = (SELECT id FROM {table}"
-                    " WHERE workspace_id = %s AND holder = %s FOR UPDATE SKIP LOCKED)",
-                    [timezone.now(), workspace.pk, holder],
-                )
+                if side.vendor == "postgresql":
+                    cursor.execute(
+                        f"UPDATE {table} SET renewed_at = %s WHERE id = (SELECT id FROM {table}"
+                        " WHERE workspace_id = %s AND holder = %s FOR UPDATE SKIP LOCKED)",
+                        [side.ops.adapt_datetimefield_value(timezone.now()), workspace.pk, holder],
+                    )
+                else:  # SQLite: one writer at a time, no row locks to skip
+                    cursor.execute(
+                        f"UPDATE {table} SET renewed_at = %s WHERE workspace_id = %s AND holder = %s",
+                        [side.ops.adapt_datetimefield_value(timezone.now()), workspace.pk, holder],
+                    )
         finally:
             side.close()
         return True

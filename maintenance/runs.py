@@ -703,9 +703,13 @@ def _run(
             nonlocal backup_made
             if backup_made:
                 return
-            run.backup_file = _write_backup(workspace, now=now, run=run)
+            # The backup reads one snapshot (a minute at 1,000,000 entries): the lease is renewed
+            # from a side connection meanwhile, and checked on ours after it.
+            renew = lease.keep_alive(workspace, holder=holder, reading=True)
+            run.backup_file = _write_backup(workspace, now=now, run=run, renew=renew)
             run.save(update_fields=["backup_file"])
             backup_made = True
+            ctx.heartbeat()
 
         # In propose mode only the purge and the pruning of links to already-gone ends can
         # destroy; the plan's counts of them are an upper bound, so the backup never misses.
@@ -715,6 +719,8 @@ def _run(
         if destructive:
             try:
                 ensure_backup()
+            except LeaseLost:
+                raise
             except Exception as exc:
                 log.exception("pre-prune backup failed; run %s changes nothing", run.pk)
                 return _finish(run, RunStatus.FAILED, None, error=f"pre-prune backup failed: {exc}")
@@ -741,8 +747,14 @@ def _run(
         lease.release(workspace, holder=holder)
 
 
-def _write_backup(workspace: Workspace, *, now: datetime, run: MaintenanceRun) -> str:
-    backup = backups.write_backup(workspace, reason="pre-prune", now=now, run=run)
+def _write_backup(
+    workspace: Workspace, *, now: datetime, run: MaintenanceRun, renew: Callable[[], bool] | None = None
+) -> str:
+    def progress(_rows: int) -> None:
+        if renew is not None:
+            renew()
+
+    backup = backups.write_backup(workspace, reason="pre-prune", now=now, run=run, progress=progress)
     return backup.file_name
 
 

@@ -676,6 +676,52 @@ def test_a_plan_renews_its_lease_from_a_side_connection_on_postgresql(monkeypatc
     assert len(seen) == 1 and seen[0][1] > seen[0][0]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_lease_is_renewed_while_the_pre_prune_backup_is_written(monkeypatch, now, settings, tmp_path):
+    """The pre-prune backup reads one snapshot (about a minute at 1,000,000 entries, the
+    lease's TTL): the lease is renewed from a side connection meanwhile, so a run started
+    during the backup finds it held. (SQLite: the same renewal; its tests' in-memory database
+    has no second connection to watch it from.)"""
+    from django.db import connection, connections
+
+    from maintenance import backups, lease
+    from maintenance.models import MaintenanceLease
+
+    if connection.vendor != "postgresql":
+        pytest.skip("watched from a second connection: PostgreSQL here")
+    settings.BACKUP_DIR = tmp_path / "backups"
+    ws = services.workspace_create(slug="long-backup", name="Long backup", review_mode="apply")
+    make(ws, now, age_days=100)
+    monkeypatch.setattr(lease, "KEEP_ALIVE_EVERY", 0.0)
+    seen = []
+    original = backups._write_lines
+
+    def renewed_at():
+        side = connections.create_connection("default")
+        try:
+            with side.cursor() as cursor:
+                cursor.execute(
+                    "SELECT renewed_at FROM maintenance_maintenancelease WHERE workspace_id = %s", [ws.pk]
+                )
+                return cursor.fetchone()[0]
+        finally:
+            side.close()
+
+    def watched_lines(out, workspace, reason, when, progress=None):
+        def watched(rows):
+            before = renewed_at()
+            progress(rows)
+            seen.append((before, renewed_at()))
+
+        return original(out, workspace, reason, when, watched if progress else None)
+
+    monkeypatch.setattr(backups, "_write_lines", watched_lines)
+    result = run_maintenance(workspace=ws, now=now, force=True)
+    assert result["status"] == "succeeded" and result["backup_file"]
+    assert seen and all(after > before for before, after in seen)
+    assert not MaintenanceLease.objects.filter(workspace=ws).exclude(holder="").exists()
+
+
 def test_a_candidate_that_stops_qualifying_before_its_batch_is_left_alone(workspace, now):
     """The pass reads its candidates' ids first and locks each batch's ids through the whole
     predicate again: an entry an operator pins while earlier batches are applied keeps its
