@@ -900,19 +900,22 @@ def keep(
 
 
 def _low_quality_picks(ctx: RunContext, qs: QuerySet[Entry]) -> dict[int, Candidate]:
+    """The entries of ``qs`` hygiene recommends archiving. Their ids are read first (one
+    statement), then scanned by id: inside a plan the status rule excludes the entries the
+    plan moved (``maintenance.plan_status``), an anti-join PostgreSQL would otherwise hash
+    again for every batch (0.25 s a batch at 1,000,000 entries)."""
     _, patterns = _policy(ctx.workspace)
-    return {
-        c.id: c
+    ids = list(qs.order_by("pk").values_list("pk", flat=True))
+    step = ctx.batch_size * 2
+    picks: dict[int, Candidate] = {}
+    for start in range(0, len(ids), step):
+        chunk = Entry.objects.filter(pk__any_of=ids[start : start + step])
         for c in _scan(
-            ctx.workspace,
-            qs,
-            patterns,
-            batch_size=ctx.batch_size * 2,
-            on_batch=ctx.heartbeat,
-            store=not ctx.planning,
-        )
-        if c.recommendation == "archive"
-    }
+            ctx.workspace, chunk, patterns, batch_size=step, on_batch=ctx.heartbeat, store=not ctx.planning
+        ):
+            if c.recommendation == "archive":
+                picks[c.id] = c
+    return picks
 
 
 def low_quality_base(ctx: RunContext) -> QuerySet[Entry]:

@@ -368,6 +368,23 @@ class PlanScore(models.Model):
         return f"plan score of entry {self.entry_id}"
 
 
+class PlanStatus(models.Model):
+    """The status changes a run's plan decided, kept in this *temporary* table (created inside
+    the plan's transaction, gone with it) instead of written into ``memory_entry`` and rolled
+    back (``maintenance.plan_status``). Never a real table."""
+
+    entry_id = models.BigIntegerField(primary_key=True)
+    status = models.CharField(max_length=16)
+    changed_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = "maintenance_planstatus"
+
+    def __str__(self) -> str:
+        return f"planned status of entry {self.entry_id}"
+
+
 class HygieneAssessment(models.Model):
     """The text half of an entry's hygiene assessment, kept so that the preview, the review
     page's count and pass 6 do not re-run the text detectors over every entry on every call.

@@ -25,12 +25,13 @@ User = get_user_model()
 
 # LiveMessage is the transport of live updates in embedded mode (a short-lived outbox), not
 # data an operator manages; nor are the API's stored idempotent answers (24 h), a run's plan
-# scores (a temporary table of one run) or the stored hygiene verdicts (a cache of the text
+# scores and statuses (temporary tables of one run) or the stored hygiene verdicts (a cache of the text
 # detectors, recomputed when text or patterns change).
 NOT_DOMAIN = {
     "memory.LiveMessage",
     "memory.IdempotencyKey",
     "maintenance.PlanScore",
+    "maintenance.PlanStatus",
     "maintenance.HygieneAssessment",
 }
 DOMAIN_MODELS = sorted(
