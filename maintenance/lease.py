@@ -8,10 +8,12 @@ renewed for LEASE_TTL is free again, so a killed run never blocks its workspace 
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Q
@@ -19,6 +21,8 @@ from django.utils import timezone
 
 from maintenance.models import MaintenanceLease, MaintenanceRun
 from memory.models import Workspace
+
+log = logging.getLogger(__name__)
 
 LEASE_TTL = timedelta(seconds=60)
 
@@ -82,9 +86,10 @@ def keep_alive(workspace: Workspace, *, holder: str, reading: bool = False) -> C
     """A renewal for a phase that runs inside one long transaction (the plan, rolled back at
     its end: a renewal inside it would be rolled back too; the pre-prune backup, one read
     snapshot). It renews from a connection of its own, committed at once, at most every
-    KEEP_ALIVE_EVERY seconds, never waiting for a lock (SKIP LOCKED): so a phase longer than
-    the lease's TTL keeps it. It only extends; it never reports the lease lost — the caller
-    checks on its own connection once the phase is over, as before. None where it cannot work:
+    KEEP_ALIVE_EVERY seconds (on PostgreSQL never waiting for a row lock: SKIP LOCKED), so a
+    phase longer than the lease's TTL keeps it; a renewal that fails is logged, not raised. It
+    only extends; it never reports the lease lost — the caller checks on its own connection
+    once the phase is over, as before. None where it cannot work:
     inside a caller's transaction, and on SQLite for a phase that writes (the plan holds the
     database's write lock, no other connection can write); a ``reading`` phase on SQLite holds
     a read snapshot only, which leaves the write lock to the renewal."""
@@ -96,23 +101,32 @@ def keep_alive(workspace: Workspace, *, holder: str, reading: bool = False) -> C
         if time.monotonic() - last[0] < KEEP_ALIVE_EVERY:
             return True
         last[0] = time.monotonic()
-        side = connections.create_connection(DEFAULT_DB_ALIAS)
         try:
-            table = MaintenanceLease._meta.db_table
-            with side.cursor() as cursor:
-                if side.vendor == "postgresql":
-                    cursor.execute(
-                        f"UPDATE {table} SET renewed_at = %s WHERE id = (SELECT id FROM {table}"
-                        " WHERE workspace_id = %s AND holder = %s FOR UPDATE SKIP LOCKED)",
-                        [side.ops.adapt_datetimefield_value(timezone.now()), workspace.pk, holder],
-                    )
-                else:  # SQLite: one writer at a time, no row locks to skip
-                    cursor.execute(
-                        f"UPDATE {table} SET renewed_at = %s WHERE workspace_id = %s AND holder = %s",
-                        [side.ops.adapt_datetimefield_value(timezone.now()), workspace.pk, holder],
-                    )
-        finally:
-            side.close()
+            _renew_from(connections.create_connection(DEFAULT_DB_ALIAS), workspace, holder)
+        except Exception:  # a courtesy: the run checks its lease itself after the phase
+            log.warning(
+                "lease of workspace %s not renewed from a side connection", workspace.pk, exc_info=True
+            )
         return True
 
     return renew_aside
+
+
+def _renew_from(side: Any, workspace: Workspace, holder: str) -> None:
+    """One renewal of our lease on the connection ``side``, closed afterwards."""
+    try:
+        table = MaintenanceLease._meta.db_table
+        with side.cursor() as cursor:
+            if side.vendor == "postgresql":
+                cursor.execute(
+                    f"UPDATE {table} SET renewed_at = %s WHERE id = (SELECT id FROM {table}"
+                    " WHERE workspace_id = %s AND holder = %s FOR UPDATE SKIP LOCKED)",
+                    [side.ops.adapt_datetimefield_value(timezone.now()), workspace.pk, holder],
+                )
+            else:  # SQLite: one writer at a time (it waits up to the busy timeout), no row locks
+                cursor.execute(
+                    f"UPDATE {table} SET renewed_at = %s WHERE workspace_id = %s AND holder = %s",
+                    [side.ops.adapt_datetimefield_value(timezone.now()), workspace.pk, holder],
+                )
+    finally:
+        side.close()

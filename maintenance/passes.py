@@ -255,6 +255,7 @@ def _planned_transition(
         result.ids = list(ordered.values_list("pk", flat=True))
     plan_status.record(result.ids, to_status, ctx.now)
     result.count = len(result.ids)
+    ctx.heartbeat()
     return result
 
 

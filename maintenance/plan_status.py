@@ -31,7 +31,7 @@ from memory.models import Entry, Status
 
 TABLE = "maintenance_planstatus"
 CHUNK = 2000
-ANALYZE_FROM = 1000  # planned changes of one pass from which the table's statistics are renewed
+ANALYZE_FROM = 1000  # planned changes after which the table's statistics are renewed
 
 
 class _State:
@@ -40,6 +40,7 @@ class _State:
 
     def __init__(self) -> None:
         self.rows = 0
+        self.unanalysed = 0  # rows recorded since the table's statistics were last renewed
         self.into: set[str] = set()
         self.earliest: datetime | None = None
 
@@ -101,11 +102,13 @@ def record(ids: Sequence[int], status: str, now: datetime) -> None:
                 "SET status = excluded.status, changed_at = excluded.changed_at",
                 [status, stamp, *params],
             )
-    if len(ids) >= ANALYZE_FROM and connection.vendor == "postgresql":
+    state.unanalysed += len(ids)
+    if state.unanalysed >= ANALYZE_FROM and connection.vendor == "postgresql":
         # A temporary table is never analysed on its own: PostgreSQL took it for a few
         # thousand rows and hashed all of it for every EXISTS (0.28 s a query at 520,000).
         with connection.cursor() as cursor:
             cursor.execute(f"ANALYZE {_name()}")
+        state.unanalysed = 0
     if ids:
         state.rows += len(ids)
         state.into.add(str(status))

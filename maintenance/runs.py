@@ -10,10 +10,12 @@ recording where it is once per pass (``Progress``):
 1. **Plan.** Every pass runs inside one transaction that is rolled back at the end. This gives
    the exact counts and ids the run would produce — it *is* the dry run, so a dry run and a
    real run at the same ``now`` agree by construction — and decides the circuit breaker
-   before anything is changed. It writes no entry's row only to roll it back: its score pass
-   scores into a temporary narrow table the plan's passes read (``scoring_db.plan_scores``),
-   and its status changes are kept beside the entries (``plan_status``), so the plan locks
-   no entry an API call may write. On PostgreSQL the lease is renewed during the plan from a
+   before anything is changed. It does not rewrite entries only to roll them back: its score
+   pass scores into a temporary narrow table the plan's passes read (``scoring_db.plan_scores``),
+   and its status changes are kept beside the entries (``plan_status``), so the entries it
+   would mark stale, archive or tombstone stay unlocked for the API. (Graduation, compaction's
+   summaries, link pruning and purges still write inside the plan: a few thousand rows at a
+   million entries.) On PostgreSQL the lease is renewed during the plan from a
    connection of its own (``lease.keep_alive``).
 2. **Apply** (real runs that are not blocked). The pre-prune backup is written first when the
    plan will change rows in a destructive pass (8–13); a failed backup fails the run with

@@ -1,6 +1,6 @@
 """A run's plan keeps the statuses it decides beside the entries (``maintenance.plan_status``):
 later passes of the plan see them exactly as the apply's later passes see the written rows, and
-no entry row is written or locked by the plan."""
+the plan neither writes nor locks the entries it marks stale, archives or tombstones."""
 
 import threading
 from datetime import timedelta

@@ -722,6 +722,28 @@ def test_the_lease_is_renewed_while_the_pre_prune_backup_is_written(monkeypatch,
     assert not MaintenanceLease.objects.filter(workspace=ws).exclude(holder="").exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_renewal_that_fails_while_the_backup_is_written_does_not_fail_the_run(monkeypatch, now):
+    """The side renewal is a courtesy (the run checks its lease itself after the backup): a
+    renewal that raises — a busy SQLite, a refused connection — is logged, not raised."""
+    from maintenance import lease
+
+    workspace = services.workspace_create(slug="broken-renewal", name="Broken renewal", review_mode="apply")
+    make(workspace, now, age_days=100)
+    monkeypatch.setattr(lease, "KEEP_ALIVE_EVERY", 0.0)
+    tried = []
+
+    def broken(side, ws, holder):
+        side.close()
+        tried.append(holder)
+        raise RuntimeError("database is locked")
+
+    monkeypatch.setattr(lease, "_renew_from", broken)
+    result = run(workspace, now, force=True)
+    assert result["status"] == "succeeded" and result["backup_file"]
+    assert tried
+
+
 def test_a_candidate_that_stops_qualifying_before_its_batch_is_left_alone(workspace, now):
     """The pass reads its candidates' ids first and locks each batch's ids through the whole
     predicate again: an entry an operator pins while earlier batches are applied keeps its
