@@ -219,9 +219,7 @@ def transition(
             if not rows:
                 continue
             if detail_fields:
-                result.extra.setdefault("rows", []).extend(
-                    {"id": r["pk"], **{f: r[f] for f in detail_fields}} for r in rows
-                )
+                result.extra.setdefault("rows", []).extend(_detail_rows(rows, detail_fields))
             if destructive and not result.ids:
                 ctx.before_destructive()
             ids = [r["pk"] for r in rows]
@@ -250,13 +248,18 @@ def _planned_transition(
     if detail_fields:
         rows = list(ordered.values("pk", *detail_fields))
         result.ids = [r["pk"] for r in rows]
-        result.extra["rows"] = [{"id": r["pk"], **{f: r[f] for f in detail_fields}} for r in rows]
+        result.extra["rows"] = _detail_rows(rows, detail_fields)
     else:  # ids only: half a million dicts were ~100 MB at 1,000,000 entries
         result.ids = list(ordered.values_list("pk", flat=True))
     plan_status.record(result.ids, to_status, ctx.now)
     result.count = len(result.ids)
     ctx.heartbeat()
     return result
+
+
+def _detail_rows(rows: Iterable[Mapping[str, Any]], fields: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The per-row details a transition reports (``extra["rows"]``): the id and ``fields``."""
+    return [{"id": r["pk"], **{f: r[f] for f in fields}} for r in rows]
 
 
 def tombstone(ctx: RunContext, candidates: QuerySet[Entry], reason: str, **options: Any) -> PassResult:

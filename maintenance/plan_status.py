@@ -35,11 +35,10 @@ ANALYZE_FROM = 1000  # planned changes after which the table's statistics are re
 
 
 class _State:
-    """What the open overlay holds so far: whether any row, the statuses moved into, and the
+    """What the open overlay holds so far: the statuses moved into (none: no row yet) and the
     earliest change (every change is at the run's ``now``)."""
 
     def __init__(self) -> None:
-        self.rows = 0
         self.unanalysed = 0  # rows recorded since the table's statistics were last renewed
         self.into: set[str] = set()
         self.earliest: datetime | None = None
@@ -54,31 +53,25 @@ def needed(purge_grace_days: int) -> bool:
 
 
 def _name() -> str:
-    schema = "pg_temp" if connection.vendor == "postgresql" else "temp"
-    return f"{schema}.{TABLE}"
+    return rawsql.temp_table(TABLE)
 
 
 @contextmanager
 def overlay() -> Iterator[None]:
-    """Open the overlay for the plan that runs inside: a temporary table, dropped at the end
-    (the plan's rollback drops it too)."""
+    """Open the overlay for the plan that runs inside: a temporary table created in the
+    plan's transaction, gone with its rollback (one left by an earlier plan is dropped first)."""
+    stamp = "timestamptz" if connection.vendor == "postgresql" else "timestamp"
     with connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE IF EXISTS {_name()}")
         cursor.execute(
             f"CREATE TEMP TABLE {TABLE} (entry_id bigint PRIMARY KEY, status varchar(16) NOT NULL, "
-            "changed_at timestamp NOT NULL)"
-            if connection.vendor == "sqlite"
-            else f"CREATE TEMP TABLE {TABLE} (entry_id bigint PRIMARY KEY, status varchar(16) NOT NULL, "
-            "changed_at timestamptz NOT NULL)"
+            f"changed_at {stamp} NOT NULL)"
         )
     token = _open.set(_State())
     try:
         yield
     finally:
         _open.reset(token)
-    # Not on an error: the transaction may be aborted; its rollback drops the table anyway.
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP TABLE IF EXISTS {_name()}")
 
 
 def active() -> bool:
@@ -110,7 +103,6 @@ def record(ids: Sequence[int], status: str, now: datetime) -> None:
             cursor.execute(f"ANALYZE {_name()}")
         state.unanalysed = 0
     if ids:
-        state.rows += len(ids)
         state.into.add(str(status))
         state.earliest = now if state.earliest is None else min(state.earliest, now)
 
@@ -150,7 +142,7 @@ def status_in(
         assert statuses == [Status.ARCHIVED], "archived_before is the reclaim pass's: archived entries only"
         stored &= Q(**{f"{prefix}archived_at__lte": archived_before})
     state = _open.get()
-    if state is None or not state.rows:
+    if state is None or not state.into:
         return stored
     before = min((t for t in (changed_before, archived_before) if t is not None), default=None)
     outer = f"{prefix.removesuffix('__')}_id" if prefix else "pk"

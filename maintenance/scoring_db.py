@@ -217,8 +217,7 @@ def planning() -> Iterator[None]:
 
 
 def _temp_name() -> str:
-    schema = "pg_temp" if connection.vendor == "postgresql" else "temp"
-    return f"{schema}.{PLAN_TABLE}"
+    return rawsql.temp_table(PLAN_TABLE)
 
 
 def plan_scores(

@@ -27,6 +27,13 @@ def table(model: type[Model]) -> str:
     return quote(model._meta.db_table)
 
 
+def temp_table(name: str) -> str:
+    """The temporary table ``name`` of this connection, schema-qualified (so that a real table
+    of the same name can never be meant)."""
+    schema = "pg_temp" if connection.vendor == "postgresql" else "temp"
+    return f"{schema}.{name}"
+
+
 def column(model: type[Model], name: str) -> str:
     """The quoted column of ``model``'s field ``name``."""
     field: Field[Any, Any] = model._meta.get_field(name)  # type: ignore[assignment]

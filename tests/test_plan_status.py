@@ -19,11 +19,6 @@ pytestmark = pytest.mark.django_db
 GOOD = "Retry the payment webhook with exponential backoff; the provider drops bursts above ten a second."
 
 
-@pytest.fixture(autouse=True)
-def _backups(settings, tmp_path):
-    settings.BACKUP_DIR = tmp_path / "backups"
-
-
 def policy(workspace, **values):
     row = MaintenancePolicy.objects.get(workspace=workspace)
     for k, v in values.items():
@@ -145,13 +140,12 @@ def test_with_no_grace_the_plan_writes_its_changes_as_before(workspace, now):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_plan_leaves_the_rows_it_changes_unlocked(monkeypatch, now, settings, tmp_path):
+def test_a_plan_leaves_the_rows_it_changes_unlocked(monkeypatch, now):
     """While the plan runs, another connection updates an entry the plan has just marked
     stale, at once: the plan wrote nothing into its row (on PostgreSQL the update would wait
     for the plan's rollback; SQLite's plan holds the database's write lock from its start)."""
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only: SQLite's plan is an IMMEDIATE transaction")
-    settings.BACKUP_DIR = tmp_path / "backups"
     ws = services.workspace_create(slug="unlocked", name="Unlocked", review_mode="apply")
     old = make(ws, now, age_days=100)
     outcome: dict[str, object] = {}

@@ -677,7 +677,7 @@ def test_a_plan_renews_its_lease_from_a_side_connection_on_postgresql(monkeypatc
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_lease_is_renewed_while_the_pre_prune_backup_is_written(monkeypatch, now, settings, tmp_path):
+def test_the_lease_is_renewed_while_the_pre_prune_backup_is_written(monkeypatch, now):
     """The pre-prune backup reads one snapshot (about a minute at 1,000,000 entries, the
     lease's TTL): the lease is renewed from a side connection meanwhile, so a run started
     during the backup finds it held. (SQLite: the same renewal; its tests' in-memory database
@@ -689,7 +689,6 @@ def test_the_lease_is_renewed_while_the_pre_prune_backup_is_written(monkeypatch,
 
     if connection.vendor != "postgresql":
         pytest.skip("watched from a second connection: PostgreSQL here")
-    settings.BACKUP_DIR = tmp_path / "backups"
     ws = services.workspace_create(slug="long-backup", name="Long backup", review_mode="apply")
     make(ws, now, age_days=100)
     monkeypatch.setattr(lease, "KEEP_ALIVE_EVERY", 0.0)
