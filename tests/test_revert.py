@@ -105,6 +105,41 @@ def test_a_whole_run_revert_works_in_batches_with_no_query_per_entry(workspace, 
     assert few < batched <= 3 * few
 
 
+def test_a_revert_rescores_exactly_the_entries_whose_counted_links_changed(workspace, now):
+    """An entry's own status is no input of its scores; a link counts while its other end is
+    not tombstoned. So a revert refreshes the link partners of entries it brings out of the
+    tombstone, and both ends of the links it restores — and leaves the other scores alone."""
+    from maintenance.scoring_db import refresh_scores
+
+    cold = old(workspace, now, expires_at=now - timedelta(days=1))  # a TTL tombstones a linked entry too
+    partner = services.entry_create(workspace=workspace, content="a fresh partner note", now=now)
+    services.relationship_create(workspace=workspace, from_id=partner.pk, to_id=cold.pk, now=now)
+    stale = old(workspace, now, days=500, status="stale", status_changed_at=now - timedelta(days=200))
+    archived_a = old(workspace, now, status="archived", archived_at=now)
+    archived_b = old(workspace, now, status="archived", archived_at=now)
+    services.relationship_create(workspace=workspace, from_id=archived_a.pk, to_id=archived_b.pk, now=now)
+    run_id = run_maintenance(workspace=workspace, now=now)["run_id"]
+    assert (status(cold), status(stale)) == ("tombstoned", "archived")
+    later = now + timedelta(days=3)
+    refresh_scores(workspace, now=later, ids=[partner.pk, archived_a.pk, archived_b.pk])
+    without = Entry.objects.get(pk=partner.pk).importance  # the tombstoned end does not count
+
+    at = later + timedelta(hours=1)
+    result = revert_run(workspace, run_id, actor="user:op", now=at)
+    assert sorted(result["reverted"]) == sorted([cold.pk, stale.pk]) and result["links_restored"] == 1
+
+    def scores():
+        rows = Entry.objects.filter(workspace=workspace)
+        return {e.pk: (e.importance, e.retention, e.scored_at) for e in rows}
+
+    after = scores()
+    rescored = {pk for pk, (_, _, scored_at) in after.items() if scored_at == at}
+    assert rescored == {partner.pk, archived_a.pk, archived_b.pk}
+    assert after[partner.pk][0] > without
+    refresh_scores(workspace, now=at, ids=list(rescored))
+    assert scores() == after  # what a refresh at the revert's instant computes
+
+
 def test_a_revert_skips_entries_changed_since(workspace, now):
     a, b = old(workspace, now), old(workspace, now)
     result = run_maintenance(workspace=workspace, now=now)
