@@ -65,11 +65,15 @@ import hashlib
 import itertools
 import json
 import re
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
 
+import orjson
 from django.db import transaction
 from django.db.models import (
     Case,
@@ -591,12 +595,80 @@ def _text_reasons_of(rows: list[dict[str, Any]], patterns: Sequence[Pattern], *,
                 )
             )
     if store and fresh:
-        HygieneAssessment.objects.bulk_create(
-            fresh,
-            update_conflicts=True,
-            unique_fields=["entry"],
-            update_fields=["content_hash", "title", "patterns_key", "reasons", "points"],
-        )
+        _store(fresh)
+    elif fresh and (kept := _plan_verdicts.get()) is not None:
+        kept.add(fresh)
+
+
+def _store(assessments: list[HygieneAssessment]) -> None:
+    HygieneAssessment.objects.bulk_create(
+        assessments,
+        update_conflicts=True,
+        unique_fields=["entry"],
+        update_fields=["content_hash", "title", "patterns_key", "reasons", "points"],
+    )
+
+
+class PlanVerdicts:
+    """The text verdicts a run's plan makes. The plan cannot store them (its writes are rolled
+    back, and would hold their rows' locks until then), so they are spooled to a temporary file
+    — memory stays flat at any size — and stored once its transaction is over: the apply, the
+    next plan and the hygiene queue then read them instead of running the detectors again
+    (18 s of a plan's and 25 s of the apply's low-quality pass at 1,000,000 entries,
+    bench/reports/maintenance.md). A verdict names the title, content hash and patterns it was
+    made with, so one stored late for an entry changed meanwhile is simply never read."""
+
+    def __init__(self, spool: IO[bytes]) -> None:
+        self._file = spool
+        self.count = 0
+
+    @contextmanager
+    def kept(self) -> Iterator[None]:
+        token = _plan_verdicts.set(self)
+        try:
+            yield
+        finally:
+            _plan_verdicts.reset(token)
+
+    def add(self, assessments: list[HygieneAssessment]) -> None:
+        for a in assessments:
+            row = [a.entry_id, a.content_hash, a.title, a.patterns_key, a.reasons, a.points]
+            self._file.write(orjson.dumps(row) + b"\n")
+        self.count += len(assessments)
+
+    def store(self, on_batch: Callable[[], None] = lambda: None) -> int:
+        """Store the kept verdicts, BATCH_SIZE to a statement (each its own transaction).
+        Returns how many were stored."""
+        self._file.seek(0)
+        batch: list[HygieneAssessment] = []
+        for line in itertools.chain(self._file, [None]):
+            if line is not None:
+                entry_id, content_hash, title, key, reasons, points = orjson.loads(line)
+                batch.append(
+                    HygieneAssessment(
+                        entry_id=entry_id,
+                        content_hash=content_hash,
+                        title=title,
+                        patterns_key=key,
+                        reasons=reasons,
+                        points=points,
+                    )
+                )
+            if batch and (line is None or len(batch) >= BATCH_SIZE):
+                _store(batch)
+                batch = []
+                on_batch()
+        return self.count
+
+
+@contextmanager
+def plan_verdicts() -> Iterator[PlanVerdicts]:
+    """A ``PlanVerdicts`` over a temporary file, removed at the end."""
+    with tempfile.TemporaryFile() as spool:
+        yield PlanVerdicts(spool)
+
+
+_plan_verdicts: ContextVar[PlanVerdicts | None] = ContextVar("plan_verdicts", default=None)
 
 
 def _stored(patterns: Sequence[Pattern]) -> QuerySet[HygieneAssessment]:

@@ -16,7 +16,8 @@ recording where it is once per pass (``Progress``):
    would mark stale, archive or tombstone stay unlocked for the API. (Graduation, compaction's
    summaries, link pruning and purges still write inside the plan: a few thousand rows at a
    million entries.) On PostgreSQL the lease is renewed during the plan from a
-   connection of its own (``lease.keep_alive``).
+   connection of its own (``lease.keep_alive``). The hygiene text verdicts the plan makes
+   are stored once it is over (a cache the apply reads, not a change: ``hygiene.PlanVerdicts``).
 2. **Apply** (real runs that are not blocked). The pre-prune backup is written first when the
    plan will change rows in a destructive pass (8–13); a failed backup fails the run with
    nothing changed. Then every pass runs for real, one transaction per batch, renewing the
@@ -43,7 +44,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
-from maintenance import backups, bookkeeping, lease, passes, plan_status, proposals, scoring_db
+from maintenance import backups, bookkeeping, hygiene, lease, passes, plan_status, proposals, scoring_db
 from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus
 from maintenance.passes import LeaseLost, PassResult, RunContext
 from maintenance.policy import PolicyValues, clamp_value, clean_tags
@@ -361,14 +362,16 @@ def _plan(
     outcome: Outcome | None = None
     planning = replace(ctx, renew=keep_alive or (lambda: True), planning=True)
     statuses = plan_status.overlay() if plan_status.needed(ctx.policy.purge_grace_days) else nullcontext()
-    try:
-        with transaction.atomic(), scoring_db.planning(), statuses:
-            outcome = _execute(planning, kind, None, recorder=recorder)
-            scoring_db.drop_plan_scores()
-            raise _Rollback
-    except _Rollback:
-        pass
-    ctx.heartbeat()
+    with hygiene.plan_verdicts() as verdicts:
+        try:
+            with transaction.atomic(), scoring_db.planning(), statuses, verdicts.kept():
+                outcome = _execute(planning, kind, None, recorder=recorder)
+                scoring_db.drop_plan_scores()
+                raise _Rollback
+        except _Rollback:
+            pass
+        ctx.heartbeat()
+        verdicts.store(on_batch=ctx.heartbeat)  # a cache of text verdicts, not a change of memory
     assert outcome is not None
     return outcome
 

@@ -309,7 +309,7 @@ def refresh_scores(
     scored = 0
     for batch in batches:
         with transaction.atomic():
-            scored += base.filter(pk__in=batch).update(
+            scored += base.filter(pk__any_of=batch).update(
                 importance=importance_expr(now_epoch, live_since),
                 retention=retention_expr(now_epoch, params),
                 scored_at=now,

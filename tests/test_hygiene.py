@@ -31,7 +31,7 @@ from maintenance.hygiene import (
     score,
     truncated_or_unbalanced,
 )
-from maintenance.models import MaintenancePolicy, MaintenanceRun
+from maintenance.models import HygieneAssessment, MaintenancePolicy, MaintenanceRun
 from maintenance.passes import RunContext
 from maintenance.revert import revert_run
 from maintenance.runs import run_maintenance
@@ -759,6 +759,35 @@ def test_full_run_archives_low_quality_entries(workspace, now):
         "archived",
         "active",
     )
+
+
+def test_a_run_assesses_each_entry_once_and_its_plan_leaves_the_verdicts_stored(workspace, now, monkeypatch):
+    """The plan cannot store the verdicts it makes inside its rolled-back transaction; they are
+    stored once it is over, so the apply reads them instead of running the detectors again —
+    and a dry run leaves them for the next run and the queue (a cache: no entry changes)."""
+    entries = [make(workspace, now, JUNK, age_days=40), make(workspace, now, GOOD, age_days=40)]
+    assessed = []
+    real = hygiene.text_reasons
+
+    def counting(title, content, patterns):
+        assessed.append(content)
+        return real(title, content, patterns)
+
+    monkeypatch.setattr(hygiene, "text_reasons", counting)
+    before = list(Entry.objects.order_by("pk").values())
+    dry = full_run(workspace, now, dry_run=True)
+    assert dry["counts"]["low_quality_archived"] == 1
+    assert sorted(assessed) == sorted([JUNK, GOOD])
+    assert list(Entry.objects.order_by("pk").values()) == before
+    stored = dict(HygieneAssessment.objects.values_list("entry_id", "points"))
+    assert set(stored) == {e.pk for e in entries} and stored[entries[0].pk] >= hygiene.CANDIDATE_SCORE
+    assessed.clear()
+    result = full_run(workspace, now)
+    assert result["counts"]["low_quality_archived"] == 1 and assessed == []  # plan and apply read them
+    HygieneAssessment.objects.all().delete()
+    make(workspace, now, JUNK + " again", age_days=40)
+    full_run(workspace, now, dry_run=True)
+    assert sorted(assessed) == sorted([GOOD, JUNK + " again"])  # the archived one is not scanned
 
 
 def test_full_run_min_age_boundary(workspace, now):
