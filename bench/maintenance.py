@@ -8,7 +8,9 @@ Data: ``bench/datagen.py`` makes sure the *seed* database holds workspace ``benc
 generated entries (the first run generates them; later runs reuse them). Every measured N then
 starts from a fresh copy of the seed — PostgreSQL: ``CREATE DATABASE <seed>_work TEMPLATE
 <seed>``; SQLite: an online copy of the file — so a run, its revert and its restore never
-change the seed, and every rerun maintains the same rows.
+change the seed, and every rerun maintains the same rows. The seed's hygiene verdicts are made
+once (``maintenance.tasks.assess_hygiene_verdicts``, what the worker's schedule does for new
+entries), since the generated rows reach the database past every door of the product.
 
 Per N, each step runs in its own child process (a fresh interpreter with Django set up, as
 ``manage.py`` would be), which reports its wall time, the SQL statements it issued (an
@@ -315,6 +317,22 @@ CHECKSUM_COLUMNS = (
 )
 
 
+def _verdicts_note(r: dict[str, Any]) -> str:
+    if "stopped" in r or "error" in r:
+        return f"failed: {r.get('stopped') or r.get('error')}"
+    made = sum((r.get("assessed") or {}).values())
+    return f"{made:,} assessed now in {r.get('seconds', 0):.1f} s" if made else "the seed had them all"
+
+
+def op_verdicts(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
+    """What the worker's ``maintenance.hygiene_verdicts`` schedule does once it has caught up
+    with the generated rows (written by COPY, past every door of the product): every missing
+    hygiene verdict made and stored. Run on the seed, so only its first run pays."""
+    from maintenance.tasks import assess_hygiene_verdicts
+
+    return assess_hygiene_verdicts(budget_seconds=float("inf"))
+
+
 def op_checksum(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
     """A checksum of the workspace's entries (the columns a run or a restore changes) and
     row counts of its tables; on PostgreSQL also memory_entry's dead rows. ``arg``, an entry
@@ -480,6 +498,7 @@ CHILD_OPS = {
     "backup": op_backup,
     "restore": op_restore,
     "checksum": op_checksum,
+    "verdicts": op_verdicts,
     "reads": op_reads,
     "api_load": op_api_load,
 }
@@ -577,7 +596,13 @@ def _rss_of(pid: int) -> float:
 
 
 def run_child(
-    target: Target, op: str, slug: str, arg: str = "", timeout: float = 3600, max_rss_mb: float = 4000
+    target: Target,
+    op: str,
+    slug: str,
+    arg: str = "",
+    timeout: float = 3600,
+    max_rss_mb: float = 4000,
+    url: str | None = None,
 ) -> dict[str, Any]:
     """One step in a child process. A step that outlasts ``timeout`` or grows past
     ``max_rss_mb`` (the machine is shared: a step must not take its memory) is stopped and
@@ -590,7 +615,7 @@ def run_child(
     stopped = ""
     # Files, not pipes: a child that writes much while the parent only polls never blocks.
     with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
-        env = child_env(target.work_url, target.backup_dir)
+        env = child_env(url or target.work_url, target.backup_dir)
         with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out_file, stderr=err_file) as proc:
             peak = 0.0
             while proc.poll() is None:
@@ -690,9 +715,11 @@ def seed(target: Target, n: int, seed_value: int) -> None:
 def measure(target: Target, n: int, args: argparse.Namespace) -> dict[str, Any]:
     slug = f"bench-{n}"
     seed(target, n, args.seed)
+    verdicts = run_child(target, "verdicts", slug, timeout=args.timeout, url=target.seed_url)
+    log(f"{target.vendor} N={n:,}: hygiene verdicts of the seed made in {verdicts.get('seconds', 0):.1f} s")
     copied = target.copy_seed()
     log(f"{target.vendor} N={n:,}: work copy made in {copied:.1f} s")
-    out: dict[str, Any] = {"n": n, "copy_seconds": copied}
+    out: dict[str, Any] = {"n": n, "copy_seconds": copied, "verdicts": verdicts}
 
     def step(name: str, op: str, arg: str = "") -> dict[str, Any]:
         r = run_child(target, op, slug, arg, timeout=args.timeout, max_rss_mb=args.max_rss_mb)
@@ -791,6 +818,9 @@ def render_section(
         "",
         f"- machine: {machine}",
         f"- review mode of the workspace: {m['review_mode']}",
+        "- hygiene verdicts: made beforehand on the seed, as the worker's schedule "
+        "(`maintenance.hygiene_verdicts`) makes them once it has caught up with new entries "
+        f"({_verdicts_note(m.get('verdicts') or {})})",
         "- load average (1 min) before → after each step is in the last column (a shared machine: "
         "other people's tests ran meanwhile)",
     ]

@@ -64,6 +64,13 @@ SCHEDULES: tuple[ScheduleSpec, ...] = (
         func="maintenance.tasks.dispatch_due_maintenance",
         minutes=2,
     ),
+    # Makes the hygiene verdicts that are missing (new or edited entries, new residue patterns)
+    # off the request path, at most HYGIENE_BUDGET_SECONDS per call (maintenance.tasks).
+    ScheduleSpec(
+        name="maintenance.hygiene_verdicts",
+        func="maintenance.tasks.assess_hygiene_verdicts",
+        minutes=5,
+    ),
 )
 
 

@@ -60,6 +60,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -76,7 +77,7 @@ from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 
-from maintenance import lease
+from maintenance import hygiene, lease
 from maintenance.models import (
     MaintenanceLease,
     MaintenancePolicy,
@@ -212,6 +213,31 @@ def _take_turns() -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [DISPATCH_LOCK])
+
+
+# Seconds one call of the hygiene-verdict schedule (every 5 minutes) may spend assessing: a
+# workspace of a million new entries is assessed over a few calls, and a worker is never held
+# for long.
+HYGIENE_BUDGET_SECONDS = 120.0
+
+
+def assess_hygiene_verdicts(budget_seconds: float | None = None) -> dict[str, Any]:
+    """The missing hygiene verdicts of every workspace (``hygiene.assess_in_background``), one
+    workspace after the other until the budget is spent (at least one batch is assessed); the
+    next call goes on where work is left — a workspace with none left costs one query."""
+    deadline = time.monotonic() + (HYGIENE_BUDGET_SECONDS if budget_seconds is None else budget_seconds)
+
+    def spent() -> bool:
+        return time.monotonic() >= deadline
+
+    assessed: dict[str, int] = {}
+    for workspace in Workspace.objects.order_by("pk"):
+        n, done = hygiene.assess_in_background(workspace, until=spent)
+        if n:
+            assessed[workspace.slug] = n
+        if not done or spent():  # the workspaces after this one wait for the next call
+            return {"assessed": assessed, "done": False}
+    return {"assessed": assessed, "done": True}
 
 
 def dispatch_due_maintenance(now: datetime | None = None) -> dict[str, Any]:

@@ -790,6 +790,45 @@ def test_a_run_assesses_each_entry_once_and_its_plan_leaves_the_verdicts_stored(
     assert sorted(assessed) == sorted([GOOD, JUNK + " again"])  # the archived one is not scanned
 
 
+def test_the_worker_makes_the_missing_verdicts_within_its_budget(
+    workspace, other_workspace, now, monkeypatch
+):
+    """The ``maintenance.hygiene_verdicts`` schedule assesses active entries without a valid
+    verdict (whatever door wrote them, or after new residue patterns), a batch at a time and no
+    longer than its budget, so the queue and the low-quality pass find them made."""
+    from maintenance import tasks
+
+    mine = [make(workspace, now, f"note {i} half...") for i in range(5)]
+    theirs = make(other_workspace, now, JUNK)
+    make(workspace, now, JUNK + " gone", status="archived")  # not active: the queue never lists it
+    HygieneAssessment.objects.all().delete()
+    monkeypatch.setattr(hygiene, "BATCH_SIZE", 2)
+    first = min(workspace, other_workspace, key=lambda w: w.pk)
+
+    # Out of time at once: one batch of the first workspace, the rest waits for the next call.
+    assert tasks.assess_hygiene_verdicts(budget_seconds=0) == {
+        "assessed": {first.slug: 2 if first == workspace else 1},
+        "done": False,
+    }
+    assert tasks.assess_hygiene_verdicts()["done"]
+    assert set(HygieneAssessment.objects.values_list("entry_id", flat=True)) == {
+        *(e.pk for e in mine),
+        theirs.pk,
+    }
+    assessed = []
+    real = hygiene.text_reasons
+
+    def counting(title, content, patterns):
+        assessed.append(content)
+        return real(title, content, patterns)
+
+    monkeypatch.setattr(hygiene, "text_reasons", counting)
+    assert len(ids(workspace)) == 5 and assessed == []  # the queue reads what the worker made
+    set_policy(workspace, residue_patterns=[r"\bnote\b"])
+    assert tasks.assess_hygiene_verdicts() == {"assessed": {workspace.slug: 5}, "done": True}
+    assert tasks.assess_hygiene_verdicts() == {"assessed": {}, "done": True}
+
+
 def test_full_run_min_age_boundary(workspace, now):
     set_policy(workspace, low_quality_min_age_days=10)
     at = make(workspace, now, JUNK, age_days=10)

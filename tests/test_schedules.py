@@ -27,6 +27,7 @@ from memory import services
 pytestmark = pytest.mark.django_db
 
 DISPATCH = "maintenance.dispatch"
+VERDICTS = "maintenance.hygiene_verdicts"
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -85,6 +86,13 @@ def test_the_dispatch_schedule_is_declared_every_two_minutes_forever():
     assert spec.repeats == -1
 
 
+def test_the_hygiene_verdicts_are_made_in_the_background_every_five_minutes():
+    spec = next(s for s in SCHEDULES if s.name == VERDICTS)
+
+    assert spec.func == "maintenance.tasks.assess_hygiene_verdicts"
+    assert (spec.schedule_type, spec.minutes, spec.repeats) == (Schedule.MINUTES, 5, -1)
+
+
 def test_the_schedules_exist_after_migrate_because_the_post_migrate_handler_ran():
     # The test database was built with migrate, which sent post_migrate.
     row = Schedule.objects.get(name=DISPATCH)
@@ -130,7 +138,7 @@ def test_a_new_schedule_is_due_at_once():
 
     result = sync_schedules()
 
-    assert result["created"] == [DISPATCH]
+    assert result["created"] == [DISPATCH, VERDICTS]
     row = Schedule.objects.get(name=DISPATCH)
     assert before <= row.next_run <= timezone.now()
 
@@ -141,7 +149,7 @@ def test_syncing_twice_changes_nothing_the_second_time():
 
     result = sync_schedules()
 
-    assert result == {"created": [], "updated": [], "unchanged": [DISPATCH], "removed": []}
+    assert result == {"created": [], "updated": [], "unchanged": [DISPATCH, VERDICTS], "removed": []}
     assert list(Schedule.objects.order_by("pk").values()) == rows_before
 
 
@@ -180,7 +188,8 @@ def test_undeclared_maintenance_schedules_are_removed_and_other_schedules_kept()
     result = sync_schedules()
 
     assert result["removed"] == ["maintenance.retired"]
-    assert set(Schedule.objects.values_list("name", flat=True)) == {DISPATCH, "operator nightly report"}
+    names = set(Schedule.objects.values_list("name", flat=True))
+    assert names == {DISPATCH, VERDICTS, "operator nightly report"}
 
 
 def test_duplicate_rows_of_one_name_collapse_to_the_oldest():
@@ -203,7 +212,7 @@ def test_the_sync_schedules_command_prints_json():
     call_command("sync_schedules", stdout=again)
 
     assert json.loads(out.getvalue()) == {
-        "created": [DISPATCH],
+        "created": [DISPATCH, VERDICTS],
         "updated": [],
         "unchanged": [],
         "removed": [],
