@@ -1,4 +1,4 @@
-"""Console settings page (SPEC §6): the maintenance policy and the API keys of a workspace.
+"""Console settings page: the maintenance policy and the API keys of a workspace.
 
 Every member sees the page (policy values and the key list, read-only); only admins get the
 forms, and the two POST endpoints check the admin role in the view (``workspace_page("admin")``)
@@ -30,6 +30,7 @@ from django.views.decorators.http import require_POST
 
 from maintenance.models import MaintenancePolicy
 from maintenance.policy import APPLY, LIMITS, PROPOSE, clean_tags
+from maintenance.settings_help import GROUPS, HELP, range_text, unit
 from memory import services
 from memory.console import Console, workspace_page
 from memory.errors import NotFound, ServiceError
@@ -52,21 +53,17 @@ class PolicyForm(forms.ModelForm):
         choices=REVIEW_MODE_CHOICES,
         widget=forms.RadioSelect,
         required=False,  # a page without the control (loaded before it existed) keeps the mode
-        help_text="Purges past grace (after a backup) happen in both modes; in propose mode "
-        "nothing is archived or tombstoned until an operator approves it on the review page.",
+        help_text=HELP["review_mode"],
     )
 
     exclude_tags = forms.CharField(
         required=False,
-        help_text="Comma-separated tag names no maintenance pass may touch.",
+        help_text=HELP["exclude_tags"],
         widget=forms.TextInput(attrs={"size": 60}),
     )
     residue_patterns = forms.CharField(
         required=False,
-        help_text=(
-            "Hygiene implementation-residue patterns: one regular expression per line "
-            "(or <source-path>); empty = the built-in patterns."
-        ),
+        help_text=HELP["residue_patterns"],
         widget=forms.Textarea(attrs={"rows": 6, "cols": 60}),
     )
 
@@ -76,13 +73,8 @@ class PolicyForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        for name, limit in LIMITS.items():
-            field = self.fields[name]
-            field.help_text = (
-                f"Default {limit.default}, range {limit.low}–{limit.high}"
-                f"{' (whole number)' if limit.integer else ''}; a value outside the range is "
-                "clamped to it on save."
-            )
+        for name in LIMITS:
+            self.fields[name].help_text = HELP[name]
         # The page carries the values it showed (``initial-<name>``), so ``changed_data`` is
         # what this admin edited, not what differs from a row another admin changed since.
         for field in self.fields.values():
@@ -125,6 +117,31 @@ def _policy_row(console: Console) -> MaintenancePolicy:
     return row or MaintenancePolicy(workspace=console.workspace)
 
 
+def _groups(form: PolicyForm, policy: MaintenancePolicy) -> list[dict[str, Any]]:
+    """The settings by purpose (``maintenance.settings_help``), each with its form field (for
+    an admin), its stored value, unit, range and the sentence on what it does."""
+    return [
+        {
+            "key": group.key,
+            "title": group.title,
+            "intro": group.intro,
+            "settings": [
+                {
+                    "name": name,
+                    "label": form[name].label,
+                    "field": form[name],
+                    "value": getattr(policy, name),
+                    "unit": unit(name),
+                    "range": range_text(name) if name in LIMITS else "",
+                    "help": HELP[name],
+                }
+                for name in group.names
+            ],
+        }
+        for group in GROUPS
+    ]
+
+
 def _keys(console: Console) -> list[ApiKey]:
     return list(ApiKey.objects.filter(workspace=console.workspace).order_by("-created_at", "-pk"))
 
@@ -141,19 +158,10 @@ def _render(
     policy = policy_form.instance if policy_form is not None else _policy_row(console)
     if policy_form is None:
         policy_form = PolicyForm(instance=policy)
-    settings_rows = [
-        {
-            "name": name,
-            "label": policy_form.fields[name].label,
-            "value": getattr(policy, name),
-            "limit": LIMITS[name],
-        }
-        for name in LIMITS
-    ]
     context = {
         "console": console,
         "policy": policy,
-        "settings_rows": settings_rows,
+        "groups": _groups(policy_form, policy),
         "policy_form": policy_form if console.is_admin else None,
         "key_form": (key_form or KeyCreateForm()) if console.is_admin else None,
         "keys": _keys(console),
