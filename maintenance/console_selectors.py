@@ -1,12 +1,12 @@
-"""Reads behind the console's review queue and run pages (SPEC §6). Every function is scoped to
+"""Reads behind the console's review queue and run pages. Every function is scoped to
 the workspace it is given, and each list is a queryset (or a list) the view pages through, so a
 page costs the same number of queries whatever the number of rows.
 
 The review queue has five tabs:
 
-- ``pending``: the open proposal set (SPEC §3.1), grouped by reason in run order — first,
+- ``pending``: the open proposal set, grouped by reason in run order — first,
   and the default, while it is not empty;
-- ``hygiene``: the hygiene candidates (SPEC §4.4), filtered by recommendation or reason;
+- ``hygiene``: the hygiene candidates, filtered by recommendation or reason;
 - ``automatic``: automatic archivals and tombstones that can still be reverted — the event is
   not reverted, its entry is the latest version, still in the status the event put it in, and
   no later event has touched it (otherwise a revert would skip it anyway);
@@ -53,6 +53,7 @@ from maintenance.models import (
 from maintenance.runs import COUNT_KEYS, METRICS, PROPOSING, ROWS_KEY
 from maintenance.selectors import EVENT_STATUS_OF, AffectedIds, changed_entries, run_get, tombstone_list
 from memory import capped, holds
+from memory.console_selectors import entry_label
 from memory.models import Entry, LifecycleEvent, Status, Tombstone, Workspace, held
 
 REVIEW_TABS = ("pending", "hygiene", "automatic", "tombstones", "disputes")
@@ -436,6 +437,9 @@ class RunDetail:
     affected: list[Affected]
     not_reverted: int  # archivals and tombstones of the run not undone (and not purged) yet
     reverted: int  # those already undone
+    # Of those not undone, the ones a revert would still undo (``automatic_changes`` of this
+    # run): the number the Automatic changes tab and the header count for it.
+    undoable: int
     proposed: dict[str, int]  # a proposed run: {"archive": n, "tombstone": n} it proposed
     awaiting: dict[str, int]  # … and of those, still open (awaiting approval), by action
     reclaimed_rows: list[tuple[str, int]]  # bookkeeping rows the reclaim pass removed, by kind
@@ -474,7 +478,7 @@ def run_detail(
     entries = {
         r["pk"]: r
         for r in Entry.objects.filter(workspace=workspace, pk__in=shown)
-        .annotate(excerpt=Substr("content", 1, 80))
+        .annotate(excerpt=Substr("content", 1, 160))
         .values("pk", "title", "excerpt", "status")
     }
     affected = [
@@ -484,7 +488,7 @@ def run_detail(
             [
                 {
                     "id": i,
-                    "title": (entries[i]["title"] or entries[i]["excerpt"]) if i in entries else "",
+                    "title": entry_label(entries[i]["title"], entries[i]["excerpt"]) if i in entries else "",
                     "status": entries[i]["status"] if i in entries else "purged",
                     "exists": i in entries,
                 }
@@ -515,6 +519,7 @@ def run_detail(
         affected=affected,
         not_reverted=state["not_reverted"],
         reverted=state["reverted"],
+        undoable=automatic_changes(workspace, run_id=run.pk).count() if state["not_reverted"] else 0,
         proposed={
             "archive": int(proposed.get("archive") or 0),
             "tombstone": int(proposed.get("tombstone") or 0),

@@ -1,4 +1,4 @@
-"""Console pages of maintenance (SPEC §6): the review queue and the runs.
+"""Console pages of maintenance: the review queue and the runs.
 
 Each page is one template with named partials. A plain request renders the page; an htmx
 request (tab switch, filter, page link) renders only the partial it replaces. Actions are
@@ -54,7 +54,7 @@ from maintenance.console_selectors import (
 )
 from maintenance.models import DisputeStatus, Resolution, RunKind, RunStatus
 from maintenance.selectors import folded_summary, run_days, run_list
-from memory import services
+from memory import console_selectors, services
 from memory.console import Console, operator_action, workspace_page
 from memory.errors import Conflict, InvalidInput, NotFound, ServiceError
 from memory.models import TombstoneReason
@@ -180,7 +180,10 @@ def _pending_tab(request: HttpRequest, console: Console) -> dict[str, Any]:
         request.GET.get("page")
     )
     totals = pending_totals(groups)
+    decayed = any(g["reason"] == "evicted" for g in groups)
     return {
+        # Decay proposals quote retention: the tab then says what it is (one more query).
+        "cold_threshold": console_selectors.cold_threshold(console.workspace) if decayed else None,
         "known": {"pending": totals["all"]},
         "page": page,
         "sections": pending_sections(page.object_list, groups),

@@ -1,4 +1,4 @@
-"""Server-side SVG charts for the console (SPEC §6: no asset from a CDN, no JavaScript).
+"""Server-side SVG charts for the console (no asset from a CDN, no JavaScript).
 
 Pure functions: data in, SVG markup out. Every piece of text that reaches the markup goes
 through ``escape`` and every number is formatted by us, so the result is marked safe only after
@@ -8,6 +8,7 @@ or point carries its own ``<title>`` (the browser's tooltip and what a screen re
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from django.utils.html import escape
@@ -21,6 +22,9 @@ MARGIN_RIGHT = 12
 MARGIN_TOP = 12
 MARGIN_BOTTOM = 44  # room for the x tick labels and the axis label
 MAX_X_LABELS = 6  # a time axis labels at most this many points, evenly spread
+MAX_BAR_WIDTH = 72.0  # wider slots centre a bar this wide
+MAX_BAR_LABELS = 10  # a bar chart labels every k-th bar past this many bars
+NICE_STEPS = (1.0, 2.0, 5.0)  # y tick steps: these times a power of ten
 
 
 def _num(value: float) -> str:
@@ -50,17 +54,37 @@ def _open(chart_id: str, title: str, description: str, width: int, height: int) 
     ]
 
 
-def _axes(width: int, height: int, top_value: float, x_label: str, y_label: str) -> list[str]:
-    """Both axes, three y ticks (0, half, top) and the axis labels."""
+def _nice_ticks(top: float) -> tuple[float, list[float]]:
+    """The top of a linear y axis and its tick values: at most five ticks on a round step (1, 2
+    or 5 times a power of ten, never below 1: the charts count things), the top on a tick."""
+    rough = max(top / 4, 1.0)
+    power = 10 ** math.floor(math.log10(rough))
+    step = next((m * power for m in NICE_STEPS if m * power >= rough - 1e-9), 10 * power)
+    axis_top = math.ceil(top / step - 1e-9) * step
+    ticks = [i * step for i in range(round(axis_top / step) + 1)]
+    return axis_top, ticks
+
+
+def _log_fraction(value: float, top: float) -> float:
+    return math.log10(1 + value) / math.log10(1 + top)
+
+
+def _axes(
+    width: int,
+    height: int,
+    ticks: Sequence[tuple[float, float]],
+    x_label: str,
+    y_label: str,
+) -> list[str]:
+    """Both axes, the y ticks ((value, fraction of the plot height)) and the axis labels."""
     x0, y0, pw, ph = _plot_box(width, height)
     base = y0 + ph
     parts = [
         f'<line class="axis" x1="{_num(x0)}" y1="{_num(base)}" x2="{_num(x0 + pw)}" y2="{_num(base)}"/>',
         f'<line class="axis" x1="{_num(x0)}" y1="{_num(y0)}" x2="{_num(x0)}" y2="{_num(base)}"/>',
     ]
-    for fraction in (0.0, 0.5, 1.0):
+    for value, fraction in ticks:
         y = base - ph * fraction
-        value = top_value * fraction
         parts.append(
             f'<line class="grid" x1="{_num(x0)}" y1="{_num(y)}" x2="{_num(x0 + pw)}" y2="{_num(y)}"/>'
         )
@@ -76,6 +100,11 @@ def _axes(width: int, height: int, top_value: float, x_label: str, y_label: str)
         f'transform="rotate(-90 12 {_num(y0 + ph / 2)})">{escape(y_label)}</text>'
     )
     return parts
+
+
+def _linear(values: Sequence[float]) -> tuple[float, list[tuple[float, float]]]:
+    top, ticks = _nice_ticks(_top(values))
+    return top, [(t, t / top) for t in ticks]
 
 
 def _empty(parts: list[str], width: int, height: int, message: str) -> SafeString:
@@ -101,30 +130,51 @@ def bar_chart(
     y_label: str,
     width: int = WIDTH,
     height: int = HEIGHT,
+    log_scale: bool = False,
 ) -> SafeString:
-    """A vertical bar chart, one ``<rect class="bar">`` per (label, value), labelled under each bar."""
-    parts = _open(chart_id, title, f"{len(bars)} bars: {x_label} against {y_label}", width, height)
+    """A vertical bar chart, one ``<rect class="bar">`` per (label, value); past
+    ``MAX_BAR_LABELS`` bars every k-th bar is labelled underneath (each bar's ``<title>`` names
+    it). ``log_scale``: heights by log(1 + value), so that a bin of 3 still shows beside one of
+    3,000 (the y ticks say so: 0, 1, 10, 100, …)."""
+    scale = "log scale" if log_scale else "linear scale"
+    parts = _open(chart_id, title, f"{len(bars)} bars: {x_label} against {y_label} ({scale})", width, height)
     if not bars:
         return _empty(parts, width, height, "No data yet")
     values = [max(0.0, float(v)) for _, v in bars]
-    top = _top(values)
-    parts += _axes(width, height, top, x_label, y_label)
+    if log_scale:
+        top = _top(values)
+        marks = [0.0] + [10.0**k for k in range(math.floor(math.log10(top)) + 1)]
+        if top > marks[-1] * 1.5:
+            marks.append(top)
+        ticks = [(m, _log_fraction(m, top)) for m in marks]
+
+        def fraction(value: float) -> float:
+            return _log_fraction(value, top)
+    else:
+        top, ticks = _linear(values)
+
+        def fraction(value: float) -> float:
+            return value / top
+
+    parts += _axes(width, height, ticks, x_label, y_label)
     x0, y0, pw, ph = _plot_box(width, height)
     slot = pw / len(bars)
-    gap = min(4.0, slot * 0.15)
+    gap = max(min(4.0, slot * 0.15), slot - MAX_BAR_WIDTH)  # a lone bar stays a bar, not a block
     base = y0 + ph
+    every = math.ceil(len(bars) / MAX_BAR_LABELS)
     for i, ((label, _), value) in enumerate(zip(bars, values, strict=True)):
-        h = ph * value / top
+        h = ph * fraction(value)
         x = x0 + i * slot + gap / 2
         text = escape(label)
         parts.append(
             f'<rect class="bar" x="{_num(x)}" y="{_num(base - h)}" width="{_num(slot - gap)}" '
             f'height="{_num(h)}"><title>{text}: {_num(value)}</title></rect>'
         )
-        parts.append(
-            f'<text class="tick" x="{_num(x0 + (i + 0.5) * slot)}" y="{_num(base + 14)}" '
-            f'text-anchor="middle">{text}</text>'
-        )
+        if i % every == 0:
+            parts.append(
+                f'<text class="tick" x="{_num(x0 + (i + 0.5) * slot)}" y="{_num(base + 14)}" '
+                f'text-anchor="middle">{text}</text>'
+            )
     parts.append("</svg>")
     return mark_safe("".join(parts))  # safe: labels escaped, numbers formatted here
 
@@ -145,8 +195,8 @@ def time_series(
     if not points:
         return _empty(parts, width, height, "No data yet")
     values = [max(0.0, float(v)) for _, v in points]
-    top = _top(values)
-    parts += _axes(width, height, top, x_label, y_label)
+    top, ticks = _linear(values)
+    parts += _axes(width, height, ticks, x_label, y_label)
     x0, y0, pw, ph = _plot_box(width, height)
     base = y0 + ph
     step = pw / (len(points) - 1) if len(points) > 1 else 0.0

@@ -1,4 +1,4 @@
-"""Access to the console pages (SPEC §6): every page of a workspace goes through
+"""Access to the console pages: every page of a workspace goes through
 ``workspace_page``, which checks membership and role in the view — a partial or an htmx
 request can never bypass it.
 

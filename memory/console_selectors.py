@@ -1,4 +1,4 @@
-"""Reads of the console pages (SPEC §6): the dashboard, the entries list and the entry page.
+"""Reads of the console pages: the dashboard, the entries list and the entry page.
 
 Each page costs a constant number of queries whatever the number of entries, runs or events:
 counts and histograms are grouped in SQL, lists are sliced in SQL and their related rows are
@@ -7,6 +7,7 @@ fetched in one query each. Every function is scoped to the workspace it is given
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -57,14 +58,39 @@ from memory.models import (
 
 ENTRIES_PER_PAGE = 50
 EVENTS_PER_PAGE = 25
-HISTOGRAM_BINS = 10
+HISTOGRAM_MAX_BINS = 20
+# Bin widths the importance histogram chooses from, finest first.
+BIN_WIDTHS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+LOG_SCALE_RATIO = 20
 # Versions and links of one entry are shown up to this many; the page says when there are more.
 ENTRY_LIST_CAP = 100
 # The growth chart counts by week for a history of up to half a year, by month beyond.
 WEEKLY_UP_TO = timedelta(weeks=26)
 DISPATCH_SCHEDULE = "maintenance.dispatch"
-# The console lists every latest entry except tombstones, which live on the review pages (§3).
+# The console lists every latest entry except tombstones, which live on the review pages.
 LISTED_STATUSES = (Status.STAGED, Status.ACTIVE, Status.STALE, Status.ARCHIVED)
+
+
+LABEL_CHARS = 90
+
+
+def first_line(text: Any) -> str:
+    """The first non-empty line of ``text``, stripped ("" when there is none)."""
+    for line in str(text or "").splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def entry_label(title: Any, text: Any = "") -> str:
+    """What names an entry in a list or a heading: its title, else the first non-empty line of
+    its content (or of an excerpt of it), cut to ``LABEL_CHARS`` characters; "(empty)" when
+    both are blank. Imported memories often have no title: each is told apart by its first
+    line rather than all reading "(untitled)"."""
+    label = str(title or "").strip() or first_line(text)
+    if not label:
+        return "(empty)"
+    return label if len(label) <= LABEL_CHARS else label[: LABEL_CHARS - 1].rstrip() + "…"
 
 
 # --- dashboard --------------------------------------------------------------------------------
@@ -108,29 +134,68 @@ def _next_period(day: date, unit: str) -> date:
     return date(day.year + day.month // 12, day.month % 12 + 1, 1)
 
 
-def importance_histogram(workspace: Workspace) -> list[int]:
-    """Live latest entries by stored importance in ten bins [0, 0.1), …, [0.9, 1.0], one query."""
+@dataclass(frozen=True)
+class Histogram:
+    """Live memories by stored importance in ``len(counts)`` bins of ``width`` from ``start``
+    (the last bin also holds its upper edge)."""
+
+    start: float
+    width: float
+    counts: list[int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def labels(self) -> list[str]:
+        """Each bin by its start, with as many decimals as the bin width needs."""
+        decimals = max(1, -math.floor(math.log10(self.width) + 1e-9))
+        return [f"{self.start + i * self.width:.{decimals}f}" for i in range(len(self.counts))]
+
+    @property
+    def skewed(self) -> bool:
+        """One bin holds at least ``LOG_SCALE_RATIO`` times the smallest non-empty one: the
+        chart then counts on a log scale, or the small bins would not show at all."""
+        filled = [n for n in self.counts if n]
+        return len(filled) > 1 and max(filled) >= LOG_SCALE_RATIO * min(filled)
+
+
+def _bins(low: float, high: float) -> tuple[float, float, int]:
+    """(start, width, number of bins): the finest ``BIN_WIDTHS`` width that spans
+    [low, high] in at most ``HISTOGRAM_MAX_BINS`` bins, starting at a multiple of it. Real
+    workspaces keep most importances within a few hundredths: fixed tenths drew one bar."""
+    for width in BIN_WIDTHS:
+        start = math.floor(low / width + 1e-9) * width
+        n = math.floor((high - start) / width + 1e-9) + 1
+        n = max(1, min(n, math.ceil((1.0 - start) / width - 1e-9)))  # 1.0 closes the last bin
+        if n <= HISTOGRAM_MAX_BINS:
+            return round(start, 6), width, n
+    return 0.0, 0.1, 10
+
+
+def importance_histogram(workspace: Workspace) -> Histogram:
+    """Live latest entries by stored importance, on bins fitted to the range they span (two
+    queries: the range, then the counts grouped in SQL)."""
+    live = Entry.objects.of(workspace).live()
+    span = live.aggregate(low=Min("importance"), high=Max("importance"))
+    if span["low"] is None:
+        return Histogram(0.0, 0.1, [])
+    low = min(max(float(span["low"]), 0.0), 1.0)
+    high = min(max(float(span["high"]), low), 1.0)
+    start, width, n = _bins(low, high)
     binned = Least(
-        Greatest(Cast(Floor(F("importance") * Value(HISTOGRAM_BINS)), IntegerField()), Value(0)),
-        Value(HISTOGRAM_BINS - 1),
+        Greatest(
+            Cast(Floor((F("importance") - Value(start)) / Value(width) + Value(1e-9)), IntegerField()),
+            Value(0),
+        ),
+        Value(n - 1),
     )
-    rows = (
-        Entry.objects.of(workspace)
-        .live()
-        .annotate(bin=binned)
-        .values("bin")
-        .annotate(n=Count("pk"))
-        .order_by("bin")
-    )
-    bins = [0] * HISTOGRAM_BINS
+    rows = live.annotate(bin=binned).values("bin").annotate(n=Count("pk")).order_by("bin")
+    counts = [0] * n
     for row in rows:
-        bins[int(row["bin"])] += row["n"]
-    return bins
-
-
-def histogram_labels() -> list[str]:
-    step = 1 / HISTOGRAM_BINS
-    return [f"{i * step:.1f}" for i in range(HISTOGRAM_BINS)]
+        counts[int(row["bin"])] += row["n"]
+    return Histogram(start, width, counts)
 
 
 @dataclass(frozen=True)
@@ -143,7 +208,7 @@ class NextRun:
 
 @dataclass(frozen=True)
 class RunSchedule:
-    """When the dispatcher (SPEC §4.7, ``maintenance.tasks``) will start the next runs."""
+    """When the dispatcher (``maintenance.tasks``) will start the next runs."""
 
     full: NextRun
     decay: NextRun
@@ -270,6 +335,12 @@ def entry_page_list(
     )
 
 
+def cold_threshold(workspace: Workspace) -> float:
+    """The workspace's cold threshold: the decay pass tombstones an episodic memory whose
+    retention is below it (what the pages explaining retention quote)."""
+    return float(MaintenancePolicy.for_workspace(workspace).cold_threshold)
+
+
 def paginate(queryset: QuerySet[Any], page: Any, per_page: int) -> Page[Any]:
     """A page of the list (two queries: count and rows); a bad or too large page number gives
     the nearest valid page instead of an error."""
@@ -306,8 +377,9 @@ class EntryPage:
     versions_more: bool
     tombstone: Tombstone | None
     history: Page[LifecycleEvent]
-    held: bool  # an operator hold is in force (SPEC §3.2): automation leaves the entry alone
-    proposals: list[Any]  # open proposals of this entry (SPEC §3.1), awaiting approval
+    held: bool  # an operator hold is in force: automation leaves the entry alone
+    proposals: list[Any]  # open proposals of this entry, awaiting approval
+    cold_threshold: float  # the policy's: what the page's note on retention quotes
 
     @property
     def is_old_version(self) -> bool:
@@ -364,6 +436,7 @@ def entry_page(workspace: Workspace, entry_id: int, *, now: datetime, events_pag
     )
     latest_id = found.latest_id or entry.pk
     tombstoned = entry.status == Status.TOMBSTONED and entry.is_latest
+    policy = MaintenancePolicy.for_workspace(workspace)
     return EntryPage(
         entry=entry,
         latest_id=latest_id,
@@ -383,10 +456,8 @@ def entry_page(workspace: Workspace, entry_id: int, *, now: datetime, events_pag
         versions_more=versions_more,
         tombstone=selectors.open_tombstone(workspace, entry) if tombstoned else None,
         history=paginate(selectors.entry_history(workspace, entry), events_page, EVENTS_PER_PAGE),
-        held=entry.held_at is not None
-        and entry.hold_active(
-            now=now, hold_days=MaintenancePolicy.for_workspace(workspace).operator_hold_days
-        ),
+        held=entry.held_at is not None and entry.hold_active(now=now, hold_days=policy.operator_hold_days),
+        cold_threshold=policy.cold_threshold,
         proposals=list(
             Proposal.objects.filter(workspace=workspace, entry_ref=entry.pk, status=ProposalStatus.OPEN)
             .only("pk", "action", "reason", "why", "run_id", "entry_ref")
@@ -406,8 +477,8 @@ def _links(workspace: Workspace, entry: Entry) -> tuple[list[LinkView], bool]:
         Relationship.objects.filter(workspace=workspace)
         .filter(Q(from_entry_id=entry.pk) | Q(to_entry_id=entry.pk))
         .annotate(
-            from_excerpt=Substr("from_entry__content", 1, 80),
-            to_excerpt=Substr("to_entry__content", 1, 80),
+            from_excerpt=Substr("from_entry__content", 1, 160),
+            to_excerpt=Substr("to_entry__content", 1, 160),
         )
         .order_by("pk")
         .values(
@@ -436,7 +507,7 @@ def _links(workspace: Workspace, entry: Entry) -> tuple[list[LinkView], bool]:
                 direction="out" if side == "to" else "in",
                 type=row["type"],
                 other_id=row[f"{side}_entry_id"],
-                other_label=row[f"{side}_entry__title"] or row[f"{side}_excerpt"],
+                other_label=entry_label(row[f"{side}_entry__title"], row[f"{side}_excerpt"]),
                 other_status=row[f"{side}_entry__status"],
                 other_is_latest=row[f"{side}_entry__is_latest"],
                 created_at=row["created_at"],

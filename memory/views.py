@@ -1,4 +1,4 @@
-"""Console pages (SPEC §6): the workspaces home, a workspace's dashboard, its entries and one
+"""Console pages: the workspaces home, a workspace's dashboard, its entries and one
 entry. Views are thin: access is checked by ``memory.console`` (viewers see, operators act; a
 partial or an htmx request goes through the same check), reads come from
 ``memory.console_selectors`` and every write goes through a service.
@@ -86,12 +86,14 @@ def _dashboard_context(console: Console, result: MaintenanceRun | None) -> dict[
         ),
         "growth_unit": unit,
         "histogram_chart": charts.bar_chart(
-            list(zip(console_selectors.histogram_labels(), histogram, strict=True)),
+            list(zip(histogram.labels, histogram.counts, strict=True)),
             chart_id="importance-chart",
             title="Importance of live memories",
-            x_label="stored importance (bin start)",
-            y_label="memories",
+            x_label=f"stored importance (bins of {histogram.width:g}, by start)",
+            y_label="memories (log scale)" if histogram.skewed else "memories",
+            log_scale=histogram.skewed,
         ),
+        "histogram": histogram,
         # The same rows, through the same function, as the live update pushes.
         **live.runs_context(workspace),
         "schedule": console_selectors.next_runs(workspace, now=timezone.now()),
@@ -180,7 +182,13 @@ def entries(request: HttpRequest, console: Console) -> HttpResponse:
     form = EntryFilterForm(request.GET)
     listed = console_selectors.entry_page_list(console.workspace, **form.filters())
     page = console_selectors.paginate(listed, request.GET.get("page"), console_selectors.ENTRIES_PER_PAGE)
-    context = {"console": console, "workspace": console.workspace, "form": form, "page": page}
+    context = {
+        "console": console,
+        "workspace": console.workspace,
+        "form": form,
+        "page": page,
+        "cold_threshold": console_selectors.cold_threshold(console.workspace),
+    }
     return _partial_or_page(request, "console/entries.html", "entry-list", context)
 
 
@@ -191,7 +199,13 @@ def _entry_context(console: Console, entry_id: int, request: HttpRequest) -> dic
         )
     except NotFound:
         raise Http404("no such entry in this workspace") from None
-    return {"console": console, "workspace": console.workspace, "page": page, "entry": page.entry}
+    return {
+        "console": console,
+        "workspace": console.workspace,
+        "page": page,
+        "entry": page.entry,
+        "cold_threshold": page.cold_threshold,
+    }
 
 
 @workspace_page()

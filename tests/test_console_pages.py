@@ -230,7 +230,8 @@ def test_the_dashboard_shows_counts_charts_runs_and_the_next_run(client, workspa
     assert re.search(r'status=active"><span class="stat-n">3</span>', body)
     assert re.search(r'status=archived"><span class="stat-n">1</span>', body)
     assert body.count("<svg") == 2
-    assert body.count('class="bar"') == 10
+    # One bar per bin, the bins fitted to the importances the live memories span.
+    assert body.count('class="bar"') == len(console_selectors.importance_histogram(workspace).counts)
     assert 'id="live-runs"' in body
     run = MaintenanceRun.objects.get()
     assert f"/console/{workspace.slug}/runs/{run.pk}/" in body
@@ -653,7 +654,62 @@ def test_the_importance_histogram_bins_live_latest_entries_in_sql(workspace):
     gone = make(workspace, "gone")
     services.entry_tombstone(workspace=workspace, entry_id=gone.pk)
 
-    assert console_selectors.importance_histogram(workspace) == [2, 1, 0, 1, 0, 0, 0, 0, 0, 2]
+    histogram = console_selectors.importance_histogram(workspace)
+
+    # The values span the whole scale: twenty bins of 0.05 (1.0 closes the last one).
+    assert (histogram.start, histogram.width) == (0.0, 0.05)
+    assert histogram.counts == [1, 1, 1, 0, 0, 0, 0, 1, *[0] * 11, 2]
+    assert histogram.labels[:3] == ["0.00", "0.05", "0.10"] and histogram.total == 6
+
+
+def test_the_importance_histogram_fits_its_bins_to_skewed_real_data(workspace):
+    """Imported workspaces keep nearly every importance within a few hundredths: ten bins of a
+    tenth drew one bar. The bins fit the range instead, and a lopsided count goes log-scale."""
+    values = [0.051] * 40 + [0.055] * 12 + [0.062] * 3 + [0.083, 0.118]
+    for i, value in enumerate(values):
+        Entry.objects.filter(pk=make(workspace, f"imported note {i}").pk).update(importance=value)
+
+    histogram = console_selectors.importance_histogram(workspace)
+
+    assert histogram.width == 0.005 and histogram.start == 0.05
+    assert len(histogram.counts) == 14 and histogram.total == len(values)
+    assert sum(1 for n in histogram.counts if n) == 5  # five bars, not one
+    assert histogram.counts[:3] == [40, 12, 3] and histogram.labels[0] == "0.050"
+    assert histogram.skewed
+
+    svg = charts.bar_chart(
+        list(zip(histogram.labels, histogram.counts, strict=True)),
+        chart_id="h",
+        title="t",
+        x_label="x",
+        y_label="y",
+        log_scale=True,
+    )
+    heights = [float(h) for h in re.findall(r'class="bar"[^>]* height="([\d.]+)"', svg)]
+    assert heights[0] == 164.0 and 0 < heights[-1] < heights[2] < heights[0]
+    assert heights[-1] > 164.0 / 40 * 4  # a bin of 1 shows well above its linear height
+    bar_labels = re.findall(r'<text class="tick"[^>]*text-anchor="middle">0\.\d+</text>', svg)
+    assert 0 < len(bar_labels) <= charts.MAX_BAR_LABELS
+
+
+def test_a_histogram_of_equal_values_is_one_narrow_bin(workspace):
+    for i in range(3):
+        Entry.objects.filter(pk=make(workspace, f"same {i}").pk).update(importance=0.4)
+
+    histogram = console_selectors.importance_histogram(workspace)
+
+    assert histogram.counts == [3] and histogram.labels == ["0.400"] and not histogram.skewed
+
+
+def test_an_empty_workspace_has_an_empty_histogram(workspace):
+    assert console_selectors.importance_histogram(workspace).counts == []
+
+
+def test_linear_y_ticks_are_round_counts():
+    svg = charts.bar_chart([("a", 3), ("b", 1)], chart_id="c", title="t", x_label="x", y_label="y")
+
+    ticks = re.findall(r'<text class="tick"[^>]*text-anchor="end">([\d.]+)</text>', svg)
+    assert ticks == ["0", "1", "2", "3"]
 
 
 def test_growth_counts_each_lineage_once_by_week_with_empty_weeks(workspace):
@@ -716,5 +772,7 @@ def test_the_pages_take_a_constant_number_of_queries(client, workspace, other_wo
     big = queries(client, url(other_workspace, big_hub))
 
     assert small == big
-    # +1: the live review counts; the entry page +2: the hold's policy, the open proposals.
-    assert big <= {"dashboard": 11, "entries": 8, "entry": 14}[page]
+    # +1: the live review counts; the entry page +2: the hold's policy (and cold threshold), the
+    # open proposals; the dashboard +1: the importance range its histogram bins fit; the
+    # entries list +1: the cold threshold its note on retention quotes.
+    assert big <= {"dashboard": 12, "entries": 9, "entry": 14}[page]

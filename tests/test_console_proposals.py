@@ -157,8 +157,8 @@ def test_the_pending_tab_takes_the_same_queries_for_3_or_30_proposals(
     # counts (automatic, tombstones, disputes: one capped statement; the hygiene count: the
     # policy, a capped count of the assessed candidates and, as there are fewer than the cap,
     # one exact count of the candidates and the entries without a stored verdict); the
-    # header's live counts.
-    with django_assert_num_queries(12) as few:
+    # header's live counts; the cold threshold the note on retention quotes (decay proposals).
+    with django_assert_num_queries(13) as few:
         assert client.get(url(propose_workspace) + "?tab=pending").status_code == 200
     queries = len(few.captured_queries)  # (a request resets the log it reads)
     cold(propose_workspace, now, 27)

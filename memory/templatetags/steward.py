@@ -23,10 +23,30 @@ def run_counts(run: Any) -> Any:
 @register.filter
 def first_line(text: Any) -> str:
     """The first non-empty line of ``text`` (an entry without a title is named by it)."""
-    for line in str(text or "").splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
+    from memory.console_selectors import first_line as line
+
+    return line(text)
+
+
+@register.filter
+def entry_label(title: Any, text: Any = "") -> str:
+    """What names an entry in a list or a heading (``memory.console_selectors.entry_label``):
+    its title, else the first non-empty line of its content."""
+    from memory.console_selectors import entry_label as label
+
+    return label(title, text)
+
+
+@register.filter
+def excerpt_after_label(text: Any, title: Any = "") -> str:
+    """The excerpt a list shows under an entry's label: all of it when the entry has a title;
+    without one, what follows the first line (which is already the label), so the line is not
+    shown twice."""
+    text = str(text or "")
+    if str(title or "").strip():
+        return text
+    lines = text.lstrip().splitlines()
+    return "\n".join(lines[1:]).strip()
 
 
 @register.filter
