@@ -28,8 +28,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "ageing",
         "Ageing out unused memories",
-        "A memory nobody reads or updates goes from active to stale, then archived, then tombstoned; "
-        "each step is one pass of a full run.",
+        "A memory nobody reads or updates goes from active to stale, then archived, then tombstoned "
+        "(a pinned, protected or high-value one stays archived); each step is one pass of a full run.",
         ("stale_after_days", "archive_after_days", "reclaim_archived_after_days"),
     ),
     Group(
@@ -83,17 +83,19 @@ HELP: dict[str, str] = {
     "review_mode": "Propose: runs record archives and tombstones as proposals that wait for an operator on "
     "the review page. Apply: runs make them at once, each one revertible. Purges past their grace happen "
     "in both modes.",
-    "operator_hold_days": "How long an operator's decision (a restore, a rejected proposal) keeps every "
-    "automatic pass away from the entry; 0 keeps it until the hold is released.",
+    "operator_hold_days": "How long an operator's decision (a restore, a rejected proposal) keeps the "
+    "passes that mark stale, archive or tombstone away from the entry; 0 keeps it until the hold is "
+    "released.",
     "max_tombstone_fraction": "The circuit breaker: a run or an approval that would tombstone more than this "
     "fraction of the live entries (and more than 20 of them) is blocked until an operator forces it.",
-    "exclude_tags": "Entries with any of these tags (comma-separated) are never touched by a "
-    "maintenance pass.",
+    "exclude_tags": "Entries with any of these tags (comma-separated) are never marked stale, archived "
+    "or tombstoned by a pass (they are still scored, can graduate from staged, and are purged once an "
+    "operator tombstones them).",
     "stale_after_days": "The stale pass marks an active entry stale once it has been neither read nor "
     "updated for this many days.",
     "archive_after_days": "The archive pass archives an entry that has been stale for this many days.",
     "reclaim_archived_after_days": "The reclaim pass tombstones an entry that has been archived for this "
-    "many days.",
+    "many days (never a pinned, protected or high-value one).",
     "cold_threshold": "The decay pass tombstones an episodic memory whose retention is below this value "
     "(never a pinned, protected or high-value one).",
     "decay_lambda": "λ, how fast retention fades with age, per day: the larger, the sooner an unread "
@@ -102,13 +104,14 @@ HELP: dict[str, str] = {
     "decay pass.",
     "decay_mu": "μ, how fast the read bonus fades, per day since the last read (the score pass of every run "
     "recomputes retention with it).",
-    "salience_default": "The salience of a memory without feedback, i.e. its retention when new, as the "
-    "score pass computes it; helpful and not-helpful feedback moves an entry's own salience between "
-    "0.25 and 2.",
+    "salience_default": "The salience of a memory that has none of its own (its writer gave none and no "
+    "feedback set one), i.e. its retention when new, as the score pass computes it; helpful and "
+    "not-helpful feedback moves an entry's own salience between 0.25 and 2.",
     "breadth_weight": "How much more the read bonus counts for each additional distinct reader "
     "(× 1 + weight · ln readers) when the score pass computes retention; 0 ignores who read it.",
     "importance_threshold": "The importance below which the archive pass (archive older than) and the prune "
-    "pass may act on an old entry; it does nothing while both ages are 0.",
+    "pass may act on an old entry; it does nothing while both ages are 0, unless a prune run is given "
+    "ages of its own.",
     "archive_older_than_days": "When above 0, the archive pass also archives active or stale entries older "
     "than this whose importance is below the threshold.",
     "prune_older_than_days": "When above 0, the prune pass tombstones entries older than this whose "
@@ -127,14 +130,16 @@ HELP: dict[str, str] = {
     "it for good.",
     "hard_delete_older_than_days": "When above 0, the purge pass uses this grace instead of the tombstone "
     "grace; lowering it never purges before the date the review page showed.",
-    "backups_keep": "How many of the backups a run writes before the purge pass are kept for this "
-    "workspace; manual backups are never deleted automatically.",
+    "backups_keep": "How many pre-prune backups (written before the first destructive pass of a run, or "
+    "an approval, tombstones, prunes links or purges) are kept for this workspace; manual backups are "
+    "never deleted automatically.",
     "maintenance_interval_hours": "The scheduler starts a full run (every pass) this many hours after the "
     "last completed one.",
     "decay_interval_seconds": "The scheduler starts a decay sweep (scores, then the decay, expiry and "
     "purge passes) this often.",
     "audit_retention_days": "A full run removes maintenance bookkeeping (runs, events, records of purged "
-    "entries) older than this; what can still be reverted is always kept; 0 keeps everything.",
+    "entries) older than this; what can still be reverted is always kept; 0 removes none of them (runs "
+    "that changed nothing are still folded into daily counts after a week).",
 }
 
 UNITS: dict[str, str] = {

@@ -177,7 +177,9 @@ def _bins(low: float, high: float) -> tuple[float, float, int]:
 def importance_histogram(workspace: Workspace) -> Histogram:
     """Live latest entries by stored importance, on bins fitted to the range they span (two
     queries: the range, then the counts grouped in SQL)."""
-    live = Entry.objects.of(workspace).live()
+    # Scores are clamped to [0, 1]; the bounds also leave out a NaN written past the services
+    # (PostgreSQL orders it above every number, and its bin would not fit an integer).
+    live = Entry.objects.of(workspace).live().filter(importance__gte=0.0, importance__lte=1.0)
     span = live.aggregate(low=Min("importance"), high=Max("importance"))
     if span["low"] is None:
         return Histogram(0.0, 0.1, [])

@@ -776,3 +776,16 @@ def test_the_pages_take_a_constant_number_of_queries(client, workspace, other_wo
     # open proposals; the dashboard +1: the importance range its histogram bins fit; the
     # entries list +1: the cold threshold its note on retention quotes.
     assert big <= {"dashboard": 12, "entries": 9, "entry": 14}[page]
+
+
+def test_a_nan_importance_written_past_the_services_does_not_break_the_histogram(workspace):
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite stores a NaN as NULL, which the column refuses")
+    for i, value in enumerate([0.2, float("nan"), 0.3]):
+        Entry.objects.filter(pk=make(workspace, f"odd {i}").pk).update(importance=value)
+
+    histogram = console_selectors.importance_histogram(workspace)
+
+    assert histogram.total == 2 and sum(histogram.counts) == 2
