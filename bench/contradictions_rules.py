@@ -1,4 +1,4 @@
-"""False positives of the contradiction sweep (SPEC §4.5) on real agent instruction files.
+"""False positives of the contradiction sweep on real agent instruction files.
 
     .venv/bin/python bench/contradictions_rules.py [--corpus ../shared/corpus] [--out REPORT]
 

@@ -39,7 +39,7 @@ sys.path[:] = [
 ]
 
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/bench_api"
-LEASE_WAIT = 65  # seconds: a workspace's run lease lasts 60 (SPEC §4)
+LEASE_WAIT = 65  # seconds: a workspace's run lease lasts 60
 API = "/api/v1"
 
 

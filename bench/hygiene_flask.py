@@ -1,4 +1,4 @@
-"""Run the hygiene preview (SPEC §4.4) over the flask journal and write bench/reports/hygiene-flask.md.
+"""Run the hygiene preview over the flask journal and write bench/reports/hygiene-flask.md.
 
     .venv/bin/python bench/hygiene_flask.py [--corpus ../shared/corpus] [--out bench/reports/hygiene-flask.md]
 

@@ -1,4 +1,4 @@
-"""Time the journal import (SPEC §7) on the flask journal and write bench/reports/import_journal.md.
+"""Time the journal import on the flask journal and write bench/reports/import_journal.md.
 
     .venv/bin/python bench/import_journal.py [--file PATH] [--database-url URL] [--repeat N]
 

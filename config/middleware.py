@@ -110,7 +110,7 @@ def _remember_exception(sender: Any, request: HttpRequest | None = None, **kwarg
 def api_json_errors(
     get_response: Callable[[HttpRequest], HttpResponseBase],
 ) -> Callable[[HttpRequest], HttpResponseBase]:
-    """Every error under /api/v1/ is JSON ``{"detail": ...}`` (SPEC §5), whichever layer made
+    """Every error under /api/v1/ is JSON ``{"detail": ...}``, whichever layer made
     it: a 4xx of Django or django-ninja, and a 5xx of an exception that escaped the API's own
     handlers (config.api), e.g. one raised by a middleware or while closing the request.
     Synchronous only: WhiteNoise, next in the chain, is, so the chain runs synchronously under

@@ -1,4 +1,4 @@
-"""The maintenance endpoints of the agent API (SPEC §5): runs, their history and revert,
+"""The maintenance endpoints of the agent API: runs, their history and revert,
 tombstones, backups, stats and the policy.
 
 Every endpoint first calls ``require`` with its minimum role.
@@ -187,7 +187,7 @@ def maintenance_run(request: HttpRequest, payload: FullRunIn | None = None) -> A
 
 @router.post("/maintenance/prune", response={200: PruneOut, **QUEUED, **ERRORS})
 def maintenance_prune(request: HttpRequest, payload: PruneIn | None = None) -> Any:
-    """Prune (SPEC §4.2) with the caller's parameters; omitted ones come from the policy. Queued
+    """Prune with the caller's parameters; omitted ones come from the policy. Queued
     (202) like a full run."""
     payload = payload or PruneIn.model_validate({})
     params = payload.model_dump(include=set(PRUNE_PARAMS))
@@ -196,7 +196,7 @@ def maintenance_prune(request: HttpRequest, payload: PruneIn | None = None) -> A
 
 @router.post("/maintenance/sweep-decay", response={200: DecayOut, **QUEUED, **ERRORS})
 def maintenance_sweep_decay(request: HttpRequest, payload: RunIn | None = None) -> Any:
-    """The decay sweep (SPEC §4.2): score, decay, ttl, purge. Queued (202) like a full run."""
+    """The decay sweep: score, decay, ttl, purge. Queued (202) like a full run."""
     payload = payload or RunIn.model_validate({})
     return _answer(start_run(request, payload, RunKind.DECAY), decay_result)
 

@@ -1,4 +1,4 @@
-"""The proposal endpoints of the agent API (SPEC §3.1, §5): the workspace's open proposal set,
+"""The proposal endpoints of the agent API: the workspace's open proposal set,
 and an operator's approval or rejection of it.
 
 Reading is open to every role (members included): it is what automation wants to change, and

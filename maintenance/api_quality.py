@@ -1,4 +1,4 @@
-"""The quality endpoints of the agent API (SPEC §5): the hygiene review queue and disputes.
+"""The quality endpoints of the agent API: the hygiene review queue and disputes.
 
 Reading the queues needs any member role; archiving, keeping and resolving need an operator.
 Each endpoint is a few lines around the services in maintenance/hygiene.py and
@@ -34,7 +34,7 @@ router = Router(tags=["quality"])
 
 @router.get("/hygiene/preview", response={200: HygienePageOut, **ERRORS})
 def hygiene_preview(request: HttpRequest, filters: Query[PageIn]) -> dict[str, Any]:
-    """Junk candidates with their reasons and points, highest score first (SPEC §4.4)."""
+    """Junk candidates with their reasons and points, highest score first."""
     who = require(request, "viewer")
     result = hygiene.preview(who.workspace, limit=filters.limit, offset=filters.offset)
     return {**result, "limit": filters.limit, "offset": filters.offset}

@@ -1,4 +1,4 @@
-"""Workspace backups (SPEC §4.6): one gzip-compressed JSON-lines file per backup.
+"""Workspace backups: one gzip-compressed JSON-lines file per backup.
 
 Layout, one JSON object per line::
 

@@ -1,4 +1,4 @@
-"""Compaction (SPEC §4.1 pass 7): many small notes of one work session become one digest.
+"""Compaction (pass 7): many small notes of one work session become one digest.
 
 A *group* is the latest live (active or stale) ``test_entry`` and ``development_note`` entries
 of one (project, session_key) that automation may archive (managed, unpinned, not

@@ -1,4 +1,4 @@
-"""Contradictions (SPEC §4.5): polarity, topic signatures, the sweep, the check on write and
+"""Contradictions: polarity, topic signatures, the sweep, the check on write and
 the operator's resolution of a dispute.
 
 **Polarity.** A text's markers are found in one left-to-right scan (``_markers``) over its

@@ -1,4 +1,4 @@
-"""Hygiene: explainable junk detection (SPEC §4.4) and the low-quality pass (§4.1, pass 6).
+"""Hygiene: explainable junk detection and the low-quality pass (pass 6).
 
 **Detectors** — pure functions over plain strings, no ORM. Each returns a ``Reason`` (code,
 points, a human-readable detail) or ``None``. Text is NFC-normalised; words come from
@@ -875,7 +875,7 @@ def count(workspace: Workspace, *, cap: int | None = None) -> int:
 
 
 def preview(workspace: Workspace, *, limit: int = 50, offset: int = 0) -> dict[str, Any]:
-    """The hygiene queue (SPEC §4.4): ``count`` candidates in all, and one page of them: the
+    """The hygiene queue: ``count`` candidates in all, and one page of them: the
     database counts and ranks them in one statement, and only the page's rows are read."""
     start, end = max(offset, 0), max(offset, 0) + max(limit, 0)
     counted = _queue(workspace).rows.annotate(
@@ -984,7 +984,7 @@ def keep(
     workspace: Workspace, ids: Iterable[Any], *, actor: str, now: datetime | None = None
 ) -> dict[str, list[Any]]:
     """An operator's "keep": the entries leave the queue until their content changes (a new
-    version has a new hash), and get an operator hold (SPEC §3.2): no pass archives them."""
+    version has a new hash), and get an operator hold: no pass archives them."""
     now = now or timezone.now()
     requested, invalid = _requested(ids)
     qs = Entry.objects.filter(workspace=workspace, is_latest=True, pk__in=requested)

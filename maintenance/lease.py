@@ -1,4 +1,4 @@
-"""The maintenance lease of a workspace (SPEC §4.1).
+"""The maintenance lease of a workspace.
 
 One row per workspace, claimed with a conditional UPDATE (filter by workspace *and* by "free or
 expired"; go on only if one row changed), so it works the same on SQLite and PostgreSQL and

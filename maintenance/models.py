@@ -304,7 +304,7 @@ class ProposalStatus(models.TextChoices):
 
 
 class Proposal(models.Model):
-    """A change a propose-mode run would have made (SPEC §3.1). The open ones of a workspace
+    """A change a propose-mode run would have made. The open ones of a workspace
     are its one proposal set: a later run of the same passes confirms (moves to itself), adds
     or supersedes them, so the set never grows past what automation currently wants."""
 

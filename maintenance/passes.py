@@ -1,11 +1,11 @@
-"""The passes of a maintenance run (SPEC §4.1), one short set-based function each.
+"""The passes of a maintenance run, one short set-based function each.
 
 Every pass reads its candidates in batches of ids (keyset pagination), and changes each batch
 in one transaction together with its LifecycleEvents (and Tombstones), so a run killed at any
 point leaves no half-applied batch. No pass issues a query per entry. Each returns a
 ``PassResult`` with its count and the ids it changed.
 
-Protection rules (SPEC §3) live in ``unprotected`` and ``not_high_value``; every pass that
+Protection rules live in ``unprotected`` and ``not_high_value``; every pass that
 archives or tombstones goes through them.
 """
 
@@ -506,7 +506,7 @@ def reclaim(ctx: RunContext) -> PassResult:
 
 @dataclass(frozen=True)
 class Change:
-    """How one proposing pass changes an entry, for approving its proposals later (SPEC §3.1):
+    """How one proposing pass changes an entry, for approving its proposals later:
     the pass's own candidate rule, re-checked at approval, and its transition."""
 
     action: str  # archive | tombstone

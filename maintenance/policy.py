@@ -1,4 +1,4 @@
-"""Maintenance policy limits (SPEC §1) and the clamping every stored or submitted value goes
+"""Maintenance policy limits and the clamping every stored or submitted value goes
 through. Pure: no ORM, so the rules are testable on their own."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ LIMITS: dict[str, Limit] = {
     "audit_retention_days": Limit(730, 0, 3650, integer=True),
 }
 
-# Who has the last word on archives and tombstones (SPEC §3.1): in ``propose`` mode the passes
+# Who has the last word on archives and tombstones: in ``propose`` mode the passes
 # record proposals an operator approves; in ``apply`` mode they change entries at once.
 PROPOSE = "propose"
 APPLY = "apply"

@@ -1,4 +1,4 @@
-"""Proposals (SPEC §3.1): in ``propose`` review mode the archiving and tombstoning passes
+"""Proposals: in ``propose`` review mode the archiving and tombstoning passes
 record what they would change, and an operator approves or rejects it.
 
 - ``record`` turns a propose-mode run's plan into the workspace's open proposal set: an open
@@ -352,7 +352,7 @@ def _apply(ctx: RunContext, key: str, ids: list[int]) -> PassResult:
 
 def _run_policy(workspace: Workspace, run: MaintenanceRun, current: PolicyValues) -> PolicyValues:
     """The rule a proposal is re-checked with: today's policy, except that a prune run's own
-    parameters (SPEC §4.2: the caller's thresholds and excluded tags) still decide its
+    parameters (the caller's thresholds and excluded tags) still decide its
     proposals — excluded tags only ever add."""
     from maintenance.runs import PRUNE_PARAMS, effective_policy
 
@@ -526,7 +526,7 @@ def reject(
     actor: str,
     now: datetime | None = None,
 ) -> dict[str, Any]:
-    """Close the named open proposals and hold their entries (SPEC §3.2): returns {rejected,
+    """Close the named open proposals and hold their entries: returns {rejected,
     skipped: [{id, why}]}."""
     now = now or timezone.now()
     chosen, skipped = _selected(workspace, ids=ids, all=all, reason=reason)

@@ -1,4 +1,4 @@
-"""Reverting automatic changes (SPEC §3): one entry's transition, a selection, or a whole run.
+"""Reverting automatic changes: one entry's transition, a selection, or a whole run.
 
 Only automatic transitions (made by maintenance) are reverted, and only while the entry is
 still where that transition left it and has not been purged. Each revert is itself recorded

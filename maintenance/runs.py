@@ -1,4 +1,4 @@
-"""Maintenance runs (SPEC §4.1, §4.2): the full run and the partial prune and decay sweeps.
+"""Maintenance runs: the full run and the partial prune and decay sweeps.
 
 A run records a MaintenanceRun — at once (``run_maintenance``: the command line, the
 scheduler's task, small dry runs of the API), or first as ``queued`` for a worker to start
@@ -103,7 +103,7 @@ Step = tuple[str, Callable[[RunContext], PassResult]]
 
 def steps(kind: str) -> list[Step]:
     """The passes of each kind of run, in order, each with the count it feeds. Hygiene,
-    contradictions and compaction can each run alone, after scoring (SPEC §4.2)."""
+    contradictions and compaction can each run alone, after scoring."""
     if kind == RunKind.HYGIENE:
         return [("scored", passes.score), ("low_quality_archived", passes.archive_low_quality)]
     if kind == RunKind.CONTRADICTIONS:
@@ -145,7 +145,7 @@ def steps(kind: str) -> list[Step]:
 
 
 ARCHIVING = ("staged_expired", "archived", "low_quality_archived", "consolidated")
-# The passes that, in propose mode, record proposals instead of changing entries (SPEC §3.1).
+# The passes that, in propose mode, record proposals instead of changing entries.
 PROPOSING = (*ARCHIVING, *TOMBSTONING)
 
 

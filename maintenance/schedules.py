@@ -1,4 +1,4 @@
-"""The django-q2 schedules of Memory Steward, declared once in code (SPEC §4.7).
+"""The django-q2 schedules of Memory Steward, declared once in code.
 
 ``sync_schedules()`` upserts them by name into django-q2's ``Schedule`` table. It runs after
 every ``migrate`` (a ``post_migrate`` handler, see ``maintenance.signals``) and from

@@ -1,4 +1,4 @@
-"""In and Out schemas of the maintenance API (SPEC §4, §5), one per direction.
+"""In and Out schemas of the maintenance API, one per direction.
 
 In schemas forbid unknown keys and are strict (a JSON ``"true"`` is not a boolean and ``"5"`` is
 not a number): a maintenance request that does something other than what was typed can remove
@@ -114,7 +114,7 @@ class PruneIn(RunIn):
     )
 
 
-# --- run results (SPEC §4.1, §4.2) ---------------------------------------------------------------
+# --- run results ---------------------------------------------------------------
 
 
 class CountsOut(Schema):
@@ -455,7 +455,7 @@ REVIEW_MODE_HELP = (
 
 
 class PolicyIn(StrictIn):
-    """Every policy setting (SPEC §1), each optional: omitted or null leaves it as it is.
+    """Every policy setting, each optional: omitted or null leaves it as it is.
     Out-of-range values are clamped into the setting's range."""
 
     importance_threshold: float | None = _setting_in("importance_threshold")
@@ -582,7 +582,7 @@ class StatsOut(Schema):
     policy: PolicyOut
 
 
-# --- hygiene and disputes (SPEC §4.4, §4.5) ----------------------------------------------------
+# --- hygiene and disputes ----------------------------------------------------
 
 IDS_MAX = 500
 
@@ -689,7 +689,7 @@ class ResolveOut(Schema):
     archived: list[int] = Field(description="Entries the resolution archived")
 
 
-# --- proposals (SPEC §3.1) ---------------------------------------------------------------------
+# --- proposals ---------------------------------------------------------------------
 
 ProposalReason = Literal[
     "staged_expired",

@@ -1,4 +1,4 @@
-"""django-q2 tasks (thin): the maintenance dispatcher and the run it enqueues (SPEC §4.7), and
+"""django-q2 tasks (thin): the maintenance dispatcher and the run it enqueues, and
 the runs the API and the console queue (``submit_run`` → ``run_queued``, at the end).
 
 ``dispatch_due_maintenance`` runs every two minutes (``maintenance.schedules``). For each

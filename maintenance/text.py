@@ -1,4 +1,4 @@
-"""Unicode-aware words for the quality passes (hygiene §4.4, contradictions §4.5).
+"""Unicode-aware words for the quality passes (hygiene, contradictions).
 
 Pure functions over plain strings: no ORM, no settings.
 

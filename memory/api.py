@@ -1,4 +1,4 @@
-"""The memory endpoints of the agent API (SPEC §5): entries, their lifecycle, links and anchors.
+"""The memory endpoints of the agent API: entries, their lifecycle, links and anchors.
 
 Each endpoint checks the caller's role with ``require`` first, then calls one service or
 selector. Every lookup is scoped to the caller's workspace, so another workspace's id answers

@@ -1,4 +1,4 @@
-"""``GET /search`` (SPEC §5): full-text search of the caller's workspace (memory.search)."""
+"""``GET /search``: full-text search of the caller's workspace (memory.search)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""API authentication and roles (SPEC §5).
+"""API authentication and roles.
 
 Two ways in, both resolving to a ``Principal`` (workspace, role, actor); the MCP endpoint uses
 the first (``key_principal``):

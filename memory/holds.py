@@ -1,4 +1,4 @@
-"""Operator holds (SPEC §3.2): an operator's corrective decision sticks.
+"""Operator holds: an operator's corrective decision sticks.
 
 Restore, revert, a rejected proposal, a hygiene "keep" and a dispute resolved in an entry's
 favour put a hold on the entry; the one protection rule (``memory.models.protected``) keeps

@@ -1,4 +1,4 @@
-"""Journal JSONL import and export (SPEC §7): the format of the shared flask corpus.
+"""Journal JSONL import and export: the format of the shared flask corpus.
 
 One JSON object per line. ``id`` becomes ``external_id`` (the key that keeps a re-import
 idempotent), ``created_at`` is kept, ``anchors`` become CodeAnchors, issue references become

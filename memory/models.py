@@ -101,7 +101,7 @@ LIVE_STATUSES = (Status.STAGED, Status.ACTIVE, Status.STALE)
 
 
 class HoldReason(models.TextChoices):
-    """Why an operator hold protects an entry (SPEC §3.2): the operator decision behind it."""
+    """Why an operator hold protects an entry: the operator decision behind it."""
 
     RESTORE = "restore"
     REVERT = "revert"
@@ -327,7 +327,7 @@ def count_index(statuses: list[str] | tuple[str, ...]) -> str:
 
 
 def held(*, now: datetime, hold_days: int) -> Q:
-    """Under an operator hold (SPEC §3.2): set by an operator's decision, cleared by a release or
+    """Under an operator hold: set by an operator's decision, cleared by a release or
     a new version, and over after ``hold_days`` when that is > 0."""
     q = Q(held_at__isnull=False)
     if hold_days > 0:
@@ -343,7 +343,7 @@ def protected(
     honour_pin: bool = True,
     holds: bool = True,
 ) -> Q:
-    """THE protection rule (SPEC §3, §3.2): entries no automatic pass archives, marks stale or
+    """THE protection rule: entries no automatic pass archives, marks stale or
     tombstones — unmanaged source, constitutional tier, an excluded tag, an operator hold, and
     (unless a writer's TTL overrides it: ``honour_pin=False``) pinned. ``holds=False`` leaves
     the hold out, only to count the held entries a pass skipped."""
@@ -404,7 +404,7 @@ class Entry(models.Model):
     # content_hash at the time an operator chose "keep" in the hygiene queue; a content change
     # brings the entry back to the queue.
     review_kept_hash = models.CharField(max_length=64, blank=True)
-    # An operator hold (SPEC §3.2); a new version starts without one. db_default: rows written
+    # An operator hold; a new version starts without one. db_default: rows written
     # by raw SQL (bulk loaders) that do not name these columns are unheld too.
     held_at = models.DateTimeField(null=True, blank=True)
     held_by = models.CharField(max_length=200, blank=True, default="", db_default="")
@@ -487,7 +487,7 @@ class Entry(models.Model):
             models.Index(
                 fields=["workspace", "content_hash"], condition=Q(is_latest=True), name="entry_hash"
             ),
-            # Sweep predicates (SPEC §4.1), each a partial index on the rows the pass reads.
+            # Sweep predicates, each a partial index on the rows the pass reads.
             # The decay pass's rows in keyset order. Not on retention: a column in an index
             # makes every score refresh of the row a non-HOT update on PostgreSQL (a new entry
             # in each of the table's indexes, the full-text index among them); the pass reads

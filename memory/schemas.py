@@ -1,4 +1,4 @@
-"""Request and response schemas of the memory API (SPEC §1, §5).
+"""Request and response schemas of the memory API.
 
 In schemas forbid unknown keys and carry the limits of the domain model, so a bad request is
 refused with 422 before any service runs. Enum fields hand plain strings to the services
@@ -318,7 +318,7 @@ class EntryOut(BaseModel):
     updated_at: datetime
     held: bool = Field(
         False,
-        description="Under an operator hold (SPEC §3.2): no automatic pass archives, marks stale or "
+        description="Under an operator hold: no automatic pass archives, marks stale or "
         "tombstones it until released (POST /entries/{id}/release), its content changes, or "
         "operator_hold_days (if > 0) have passed",
     )
@@ -398,7 +398,7 @@ class EntryPageOut(Schema):
 
 
 class DisputeRefOut(Schema):
-    """A contradiction the write was found to be part of (SPEC §4.5), for the operator."""
+    """A contradiction the write was found to be part of, for the operator."""
 
     id: int
     entry_a: int = Field(alias="entry_a_id")

@@ -1,4 +1,4 @@
-"""Full-text search over a workspace's memories (SPEC §5 ``GET /search``), one behaviour on
+"""Full-text search over a workspace's memories (``GET /search``), one behaviour on
 PostgreSQL and SQLite.
 
 The index lives in the database and is kept current by the database itself, so no write path
@@ -59,7 +59,7 @@ from memory.errors import InvalidInput
 from memory.models import Entry, Status, Workspace, count_index
 
 Q_MAX = 500  # characters
-LIMIT_MAX = 500  # the bounds of every list page (SPEC §5; memory.schemas.PAGE_MAX, OFFSET_MAX)
+LIMIT_MAX = 500  # the bounds of every list page (memory.schemas.PAGE_MAX, OFFSET_MAX)
 OFFSET_MAX = 1_000_000_000
 MARK_START = "«"
 MARK_END = "»"

@@ -76,7 +76,7 @@ def page(
     counted: Callable[[], QuerySet[Any]] | None = None,
 ) -> dict[str, Any]:
     """One page of a list and the list's ``count``, the total number of matching rows whatever
-    the offset (SPEC §5). ``counted`` builds the same rows written to count fast (by default
+    the offset. ``counted`` builds the same rows written to count fast (by default
     ``queryset``), only when a count is needed. One or two queries whatever the page size:
 
     - a page shorter than ``limit`` that shows rows is the last one and counts itself;
@@ -268,7 +268,7 @@ def _lineage(entry: Entry) -> int:
 def entry_detail(workspace: Workspace, entry_id: int, *, now: datetime) -> EntryDetail:
     """One entry (any version) with tags, anchors, links both ways, readers and the breakdown
     of its importance as of ``now``, in a constant number of queries. Tombstoned lineages are
-    not found here (SPEC §3: tombstones show only on their own endpoints)."""
+    not found here (tombstones show only on their own endpoints)."""
     lineage_status = Entry.objects.filter(
         workspace=workspace, lineage_id=OuterRef("lineage_id"), is_latest=True
     ).values("status")[:1]
@@ -357,7 +357,7 @@ def entry_detail(workspace: Workspace, entry_id: int, *, now: datetime) -> Entry
 def entry_versions(workspace: Workspace, entry: Entry) -> QuerySet[Entry]:
     """Every version of the entry's lineage, oldest first (a page gets its tags with
     ``with_tag_names``). A tombstoned lineage is not found, as in ``entry_detail``: its
-    content shows only on the tombstone's own pages and endpoints (SPEC §3)."""
+    content shows only on the tombstone's own pages and endpoints."""
     versions = Entry.objects.filter(workspace=workspace, lineage_id=_lineage(entry))
     if versions.filter(is_latest=True, status=Status.TOMBSTONED).exists():
         raise NotFound(f"entry {entry.pk} not found")

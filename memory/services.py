@@ -63,7 +63,7 @@ from memory.models import (
 
 SYSTEM_ACTOR = "system"
 
-# Days a staged trace lives before it expires (SPEC §4.3).
+# Days a staged trace lives before it expires.
 STAGED_TTL_DAYS = {
     StagedClass.PROCEDURAL: 60,
     StagedClass.CONCEPTUAL: 60,
@@ -290,7 +290,7 @@ def neighbour_ids(entry_ids: Iterable[int]) -> set[int]:
 
 
 def workspace_create(*, slug: str, name: str = "", review_mode: str | None = None) -> Workspace:
-    """A workspace with its policy row. ``review_mode`` defaults to propose (SPEC §3.1): nothing
+    """A workspace with its policy row. ``review_mode`` defaults to propose: nothing
     is archived or tombstoned before an operator has approved it."""
     from django.core.exceptions import ValidationError
     from django.core.validators import validate_slug
@@ -428,7 +428,7 @@ class AnchorIn:
         )
 
 
-# Fields a writer may set, with their validators (SPEC §1, §5).
+# Fields a writer may set, with their validators.
 def _validate_writable(data: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     validators: dict[str, Any] = {
@@ -557,7 +557,7 @@ def entry_create(
             raise Conflict(f"external_id {external_id!r} already exists in this workspace")
         targets = _link_targets(workspace, [link.to_id for link in link_list])
         # Each (latest target, type) once: two ids of one lineage, or a link given twice, make
-        # one link (SPEC §1: an identical link is not duplicated).
+        # one link (an identical link is not duplicated).
         new_links = list(dict.fromkeys((targets[link.to_id].pk, link.type) for link in link_list))
         linked = sorted({target_id for target_id, _ in new_links})  # rescored with the write
         # A new entry's scores depend on its own fields and on the links it is created with (each
@@ -857,7 +857,7 @@ class UpdateResult:
     entry: Entry
     new_version: bool
     supersedes: int | None
-    disputes: tuple[Any, ...] = ()  # open disputes named by a checked write (SPEC §4.5)
+    disputes: tuple[Any, ...] = ()  # open disputes named by a checked write
 
 
 def entry_update(
@@ -1048,7 +1048,7 @@ def entry_restore(
 def entry_release(
     *, workspace: Workspace, entry_id: Any, actor: str = SYSTEM_ACTOR, now: datetime | None = None
 ) -> Entry:
-    """Clear an operator hold: automation may change the entry again (SPEC §3.2)."""
+    """Clear an operator hold: automation may change the entry again."""
     entry = _latest_for_write(workspace, entry_id)
     return holds.release(workspace, entry, actor=actor, now=_now(now))
 
@@ -1185,7 +1185,7 @@ def entry_feedback(
     actor: str = SYSTEM_ACTOR,
     now: datetime | None = None,
 ) -> Entry:
-    """Step salience by the signal (SPEC §2); stale/wrong also flag the entry for review."""
+    """Step salience by the signal; stale/wrong also flag the entry for review."""
     now = _now(now)
     _choice(signal, FeedbackSignal.values, "signal")
     with transaction.atomic():

@@ -15,7 +15,7 @@ processes; the subprocess runs this file as a script against the database named 
     python tests/helpers_subprocess.py tick --every S
 
 ``seed`` creates a workspace whose content is a pure function of (entries, now, seed), so two
-workspaces seeded alike are identical copies. Like every new workspace it proposes (SPEC §3.1)
+workspaces seeded alike are identical copies. Like every new workspace it proposes
 unless ``--review-mode apply`` is asked for: a test that expects runs to change entries says
 so. ``run`` calls run_maintenance with a small batch size (the management commands take none),
 so one run commits many batches and a kill lands between two of them; it prints the result

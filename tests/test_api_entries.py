@@ -1,4 +1,4 @@
-"""The memory endpoints of the agent API (SPEC §5): entries, lifecycle, links and anchors."""
+"""The memory endpoints of the agent API: entries, lifecycle, links and anchors."""
 
 from __future__ import annotations
 
@@ -681,7 +681,7 @@ def test_history_lists_the_lineages_events_newest_first(workspace, agent, operat
         ("active", "archived", "manual"),
         ("", "active", "create"),
     ]
-    # The restore held the entry (SPEC §3.2); its own event says so.
+    # The restore held the entry; its own event says so.
     assert body["items"][1]["details"] == {"hold": "restore"}
     assert (
         body["count"] == 4

@@ -1,4 +1,4 @@
-"""A server-side error of the API answers JSON ``{"detail": ...}`` whatever DEBUG says (SPEC §5):
+"""A server-side error of the API answers JSON ``{"detail": ...}`` whatever DEBUG says:
 503 with Retry-After when the database is locked or unreachable, 500 otherwise; never
 Django's HTML page nor django-ninja's plain-text traceback. Every error here is a real one of
 a real database: a row lock held by another connection, a column that is not there."""

@@ -7,7 +7,7 @@ entries (one held), a link, a tombstone, a run, a dispute and open proposals. Ha
 cases use real ids of that workspace in the path, so the handlers get past their lookups. Every
 response must:
 
-- not be a 5xx (SPEC §5: never a 500 for any input; the server's exception fails the case);
+- not be a 5xx (never a 500 for any input; the server's exception fails the case);
 - have a status code the operation declares;
 - have a declared content type and a body matching the schema of its status;
 - refuse (4xx) a request that breaks the schema (negative cases).

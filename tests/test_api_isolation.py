@@ -1,4 +1,4 @@
-"""Authentication, roles and workspace isolation of EVERY endpoint (SPEC §1, §5).
+"""Authentication, roles and workspace isolation of EVERY endpoint.
 
 The list of endpoints is read from the live OpenAPI schema of the one NinjaAPI, so an endpoint
 added later is tested the moment it exists, and fails until it is described in the two tables
@@ -47,7 +47,7 @@ PUBLIC = {("GET", "/health")}
 CSRF = "c" * 32  # any 32-character alphanumeric secret is a valid CSRF cookie and token
 MARKER = "zebracorn"  # a word in this workspace's data that no other workspace may ever see
 
-# The least role each endpoint accepts (SPEC §5). An endpoint missing here fails its tests.
+# The least role each endpoint accepts. An endpoint missing here fails its tests.
 MIN_ROLE: dict[tuple[str, str], str] = {
     ("POST", "/entries"): "agent",
     ("GET", "/entries"): "viewer",
@@ -207,7 +207,7 @@ def fill_path(path: str, ids: dict[str, int], *, entry_kind: str = "entry") -> s
 
 def min_role(method: str, path: str) -> str:
     if (method, path) not in MIN_ROLE:
-        pytest.fail(f"{method} {path} is not in MIN_ROLE: say which role it needs (SPEC §5)")
+        pytest.fail(f"{method} {path} is not in MIN_ROLE: say which role it needs")
     return MIN_ROLE[(method, path)]
 
 

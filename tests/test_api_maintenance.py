@@ -1,4 +1,4 @@
-"""The maintenance endpoints (SPEC §4, §5): runs and their roles, history, revert, tombstones,
+"""The maintenance endpoints: runs and their roles, history, revert, tombstones,
 backups, stats and policy."""
 
 import json

@@ -1,4 +1,4 @@
-"""The approval door of the API (SPEC §3.1, §3.2, §5): the open proposal set, approve, reject,
+"""The approval door of the API: the open proposal set, approve, reject,
 release, and the hold fields of entries."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The quality endpoints (SPEC §5): /hygiene/preview, /hygiene/apply, /hygiene/keep,
+"""The quality endpoints: /hygiene/preview, /hygiene/apply, /hygiene/keep,
 /disputes and /disputes/{id}/resolve — happy paths, roles, isolation, errors, query counts."""
 
 import json

@@ -1,6 +1,6 @@
 """A backup written on SQLite restores into the suite's database (PostgreSQL when the suite
 runs there) with every column of every row as it was, run references included: the restored
-workspace's runs can still be reverted (SPEC §4.6). The backup is written by other processes
+workspace's runs can still be reverted. The backup is written by other processes
 ("machine A") into a backups storage configured by environment, and restored by its name in
 that storage by this process ("machine B"), whose own BACKUP_DIR is elsewhere."""
 

@@ -1,4 +1,4 @@
-"""Backups (SPEC §4.6): a backup brings a wiped or deleted workspace back row for row, a
+"""Backups: a backup brings a wiped or deleted workspace back row for row, a
 restore is idempotent, never deletes, refuses newer data without force and another workspace's
 ids always, and refuses altered, truncated or inconsistent files; pre-prune backups are named
 by UTC time and pruned to backups_keep; a failed write leaves nothing behind."""

@@ -1,4 +1,4 @@
-"""create_workspace (with --review-mode), add_member, create_api_key and revoke_api_key (SPEC §7)."""
+"""create_workspace (with --review-mode), add_member, create_api_key and revoke_api_key."""
 
 from __future__ import annotations
 

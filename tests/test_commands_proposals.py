@@ -1,4 +1,4 @@
-"""``manage.py proposals`` and ``manage.py release`` (SPEC §3.1, §3.2, §7): the open proposal set
+"""``manage.py proposals`` and ``manage.py release``: the open proposal set
 listed with excerpts and deciding values, approved and rejected from the command line, refusals
 as messages with a non-zero exit, and one real process."""
 

@@ -1,4 +1,4 @@
-"""Compaction (SPEC §4.1 pass 7): fragments of one (project, session_key) become one
+"""Compaction (pass 7): fragments of one (project, session_key) become one
 retrospective digest linked evolves_from to each; the fragments are archived, revertibly."""
 
 from datetime import timedelta

@@ -1,4 +1,4 @@
-"""The console pages (SPEC §6): dashboard, entries list and entry page, their actions, the
+"""The console pages: dashboard, entries list and entry page, their actions, the
 viewer/operator split enforced by the server, CSRF, pages that work without JavaScript, the
 server-side charts and bounded query counts."""
 

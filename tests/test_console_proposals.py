@@ -1,4 +1,4 @@
-"""The console's Pending approval tab (SPEC §3.1, §6) and operator holds on pages (§3.2): the open
+"""The console's Pending approval tab and operator holds on pages: the open
 proposal set by reason with the deciding values, approve / reject one, a selection, a reason or
 all — with htmx (only the changed rows and counts) and without JavaScript (303 and a message) —,
 the circuit breaker's force, viewers who see but cannot act, Release on the entry page and on

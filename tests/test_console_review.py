@@ -1,4 +1,4 @@
-"""The console's review queue and run pages (SPEC §6): every tab with its count, the actions with
+"""The console's review queue and run pages: every tab with its count, the actions with
 and without htmx, viewers who see but cannot act, workspace isolation, CSRF, pagination and
 query counts that do not grow with the number of rows."""
 

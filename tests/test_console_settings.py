@@ -1,4 +1,4 @@
-"""The console settings page (SPEC §6): every member sees the policy and the keys; only admins
+"""The console settings page: every member sees the policy and the keys; only admins
 edit them, checked by the server (viewers' and operators' POSTs are 403 and change nothing);
 the policy is clamped on save and a bad residue pattern is a 422; a new key's secret is shown
 once; keys of another workspace are never touched; CSRF is enforced."""

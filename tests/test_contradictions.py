@@ -1,4 +1,4 @@
-"""Contradictions (SPEC §4.5): polarity, signatures, the sweep (pass 14) and resolving disputes."""
+"""Contradictions: polarity, signatures, the sweep (pass 14) and resolving disputes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The immediate contradiction check on write (SPEC §4.5): a constitutional entry or an operator's
+"""The immediate contradiction check on write: a constitutional entry or an operator's
 rule is compared at once, and the create/update response names the dispute."""
 
 from __future__ import annotations

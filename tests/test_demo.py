@@ -49,7 +49,7 @@ def test_the_demos_first_run_proposes_and_archives_or_tombstones_nothing(setting
     ).exists()
     assert proposals.open_count(workspace) == result["proposed"]["archive"] + result["proposed"]["tombstone"]
     assert {g["reason"] for g in proposals.counts_by_reason(workspace)} >= {"evicted", "low_quality_archived"}
-    # Stale marking still applies in propose mode (SPEC §3.1): the demo shows real work.
+    # Stale marking still applies in propose mode: the demo shows real work.
     assert result["counts"]["stale_marked"] > 0
     # Approving everything at once stays below the circuit breaker: no --force for a newcomer.
     assert not result["breaker"]["would_trip"]

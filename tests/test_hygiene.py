@@ -1,4 +1,4 @@
-"""Hygiene (SPEC §4.4) and the low-quality pass (§4.1, pass 6): every detector with its
+"""Hygiene and the low-quality pass (pass 6): every detector with its
 boundaries, the preview's filters and order, apply and keep, and pass 6 in a full run."""
 
 import json

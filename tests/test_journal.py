@@ -1,4 +1,4 @@
-"""Journal import and export (SPEC §7): the bundled flask sample goes in with exactly the rows
+"""Journal import and export: the bundled flask sample goes in with exactly the rows
 its raw file describes, a second import changes nothing, bad lines are skipped whole, nothing
 crosses workspaces, and export → import → export gives the same bytes."""
 

@@ -1,4 +1,4 @@
-"""A stateful model of the lifecycle (SPEC §3, §4.1, §4.6): random sequences of writes, runs,
+"""A stateful model of the lifecycle: random sequences of writes, runs,
 reverts and the passing of time over two workspaces, with the safety invariants checked after
 every step.
 
@@ -10,7 +10,7 @@ Invariants (each named in its assertion message):
   (b) nothing is purged without a backup file, written by that run, that contains it;
   (c) automation never archives, marks stale or tombstones a protected entry (TTL may still
       tombstone a pinned one) — and no held entry is changed by automation, approvals of
-      proposals included (SPEC §3.2: the operator outranks the writer's TTL too);
+      proposals included (the operator outranks the writer's TTL too);
   (d) a run's counts equal the rows it changed; dry and blocked runs change nothing; a
       propose-mode run archives and tombstones nothing (its proposals wait for approval);
   (e) every automatic archive/tombstone is revertible until the entry is purged or changed;
@@ -760,7 +760,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         for entry_id, to_status, reason in changes:
             why = protection.get(entry_id)
             if why == "pinned" and reason == "ttl":
-                continue  # the writer's expires_at beats the pin (SPEC §3)
+                continue  # the writer's expires_at beats the pin
             assert why is None, f"(c) run {run.pk} made {why} entry {entry_id} {to_status} ({reason})"
 
     @invariant()

@@ -1,4 +1,4 @@
-"""Maintenance policy (SPEC §1): defaults, ranges, clamping, and the per-workspace row."""
+"""Maintenance policy: defaults, ranges, clamping, and the per-workspace row."""
 
 import math
 from dataclasses import fields

@@ -1,4 +1,4 @@
-"""Operator approval and holds (SPEC §3.1, §3.2) at the service level: a propose-mode run
+"""Operator approval and holds at the service level: a propose-mode run
 changes no archive or tombstone and proposes exactly what an apply-mode dry run would do;
 approve re-checks and applies as a run would; reject and every corrective decision hold the
 entry, and no automatic run undoes a held entry — over simulated weeks, through the scheduler

@@ -1,4 +1,4 @@
-"""Reverting automatic changes: one entry, a selection, a whole run (SPEC §3)."""
+"""Reverting automatic changes: one entry, a selection, a whole run."""
 
 from datetime import timedelta
 

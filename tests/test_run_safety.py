@@ -1,4 +1,4 @@
-"""Run safety across real processes (SPEC §4.1): the maintenance lease under two concurrent
+"""Run safety across real processes: the maintenance lease under two concurrent
 ``manage.py maintain`` processes, and runs killed with SIGKILL mid-way.
 
 pytest-django's SQLite test database lives in memory, invisible to other processes, so these

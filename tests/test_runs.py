@@ -1,4 +1,4 @@
-"""The maintenance run (SPEC §4.1, §4.2): every pass with its boundaries and protections, the
+"""The maintenance run: every pass with its boundaries and protections, the
 dry run, the circuit breaker, the lease and the result object."""
 
 import json

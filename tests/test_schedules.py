@@ -1,4 +1,4 @@
-"""Schedules declared in code and the maintenance dispatcher (SPEC §4.7)."""
+"""Schedules declared in code and the maintenance dispatcher."""
 
 from __future__ import annotations
 

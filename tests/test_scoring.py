@@ -1,4 +1,4 @@
-"""Pure score functions (SPEC §2): hand-computed values and properties. No database."""
+"""Pure score functions: hand-computed values and properties. No database."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""The SQL twin of the scores agrees with the Python functions to 1e-9 (SPEC §2), on whichever
+"""The SQL twin of the scores agrees with the Python functions to 1e-9, on whichever
 database the suite runs against (`make test` runs it on SQLite and on PostgreSQL)."""
 
 import random

@@ -1,4 +1,4 @@
-"""Full-text search (SPEC §5 GET /search): the same behaviour on SQLite (FTS5) and PostgreSQL
+"""Full-text search (GET /search): the same behaviour on SQLite (FTS5) and PostgreSQL
 (tsvector): words, stems, phrases, exclusions and OR; text rank before importance; latest live
 entries of one workspace only; an index that follows every write path, raw SQL included; no
 input that raises."""

@@ -1,4 +1,4 @@
-"""The write services of memory.services (SPEC §1–§3): entries, versions, tombstones, restore,
+"""The write services of memory.services: entries, versions, tombstones, restore,
 links, access, feedback, pinning, and workspace scoping. Every invalid call writes nothing."""
 
 import hashlib

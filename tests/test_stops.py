@@ -1,4 +1,4 @@
-"""Clean stops (SPEC §7): ``manage.py qcluster``, ``manage.py serve`` and ``make run`` stop on
+"""Clean stops: ``manage.py qcluster``, ``manage.py serve`` and ``make run`` stop on
 SIGTERM and SIGINT, sent to the process or to its whole process group as a service manager or
 a terminal does, with no process left; a maintenance run in hand is abandoned cleanly (its
 lease released, its row ``failed``). Real process trees on a real database: a SQLite file, or

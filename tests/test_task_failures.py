@@ -1,4 +1,4 @@
-"""A scheduled run that fails still leaves its MaintenanceRun row with the error (SPEC §7), so
+"""A scheduled run that fails still leaves its MaintenanceRun row with the error, so
 the console shows every failure, even when the failure struck before run_maintenance could
 write that row: here PostgreSQL ends the worker's session just as the run's row is inserted."""
 

@@ -1,5 +1,5 @@
-"""In a real browser, an operator approves what automation proposed (SPEC §3.1) and an operator's
-restore sticks (§3.2): approving a reason group from the Pending approval tab takes its rows out
+"""In a real browser, an operator approves what automation proposed and an operator's
+restore sticks: approving a reason group from the Pending approval tab takes its rows out
 of the open pages and the dashboard's "N changes await approval" drops live; a restored entry
 keeps its hold badge through a run started from the dashboard. Screenshots at a desktop and a
 phone width (var/screenshots)."""

@@ -1,4 +1,4 @@
-"""``manage.py backup --workspace SLUG [--json]``: write a manual backup (SPEC §4.6)."""
+"""``manage.py backup --workspace SLUG [--json]``: write a manual backup."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``manage.py hygiene --workspace SLUG``: the hygiene queue (SPEC §4.4) with each candidate's
+"""``manage.py hygiene --workspace SLUG``: the hygiene queue with each candidate's
 content excerpt, filtered by ``--recommendation`` and ``--reason`` as the console's tab is (the
 same selector); ``--apply ID...`` archives candidates, ``--keep ID...`` keeps entries."""
 
@@ -15,9 +15,7 @@ LINE_CHARS = 70
 
 
 class Command(WorkspaceCommand):
-    help = (
-        "Show a workspace's hygiene queue (SPEC §4.4), or archive (--apply) or keep (--keep) entries from it."
-    )
+    help = "Show a workspace's hygiene queue, or archive (--apply) or keep (--keep) entries from it."
 
     def add_arguments(self, parser: CommandParser) -> None:
         super().add_arguments(parser)

@@ -1,4 +1,4 @@
-"""``manage.py proposals --workspace SLUG``: the open proposal set (SPEC §3.1), approved or
+"""``manage.py proposals --workspace SLUG``: the open proposal set, approved or
 rejected from the command line.
 
 Without an action it lists the open set grouped by reason, each proposal with its entry's

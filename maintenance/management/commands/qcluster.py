@@ -1,5 +1,5 @@
 """``manage.py qcluster``: django-q2's cluster, stopping on SIGTERM and SIGINT within
-STOP_SECONDS with no process left behind (SPEC §7). It replaces django-q2's own command of the
+STOP_SECONDS with no process left behind. It replaces django-q2's own command of the
 same name (``maintenance`` comes before ``django_q`` in INSTALLED_APPS for that).
 
 django-q2's command stops from inside the signal handler: it sets the sentinel's stop event

@@ -1,4 +1,4 @@
-"""``manage.py restore_backup FILE [--workspace SLUG] [--force] [--json]`` (SPEC §4.6)."""
+"""``manage.py restore_backup FILE [--workspace SLUG] [--force] [--json]``."""
 
 from __future__ import annotations
 

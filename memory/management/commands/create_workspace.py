@@ -1,5 +1,5 @@
 """``manage.py create_workspace SLUG [--name NAME] [--review-mode propose|apply] [--json]``: a
-workspace and its policy row. New workspaces propose (SPEC §3.1): automation archives and
+workspace and its policy row. New workspaces propose: automation archives and
 tombstones nothing before an operator approved it, unless ``--review-mode apply`` says otherwise."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Export a workspace as journal JSONL (SPEC §7), the format import_entries reads."""
+"""Export a workspace as journal JSONL, the format import_entries reads."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Import a journal JSONL file (SPEC §7) into an existing workspace; safe to run again.
+"""Import a journal JSONL file into an existing workspace; safe to run again.
 
 The summary ends with what maintenance will do with the import: in a propose-mode workspace
 (the default) its runs only propose, so nothing imported is archived or tombstoned before an

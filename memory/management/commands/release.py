@@ -1,4 +1,4 @@
-"""``manage.py release ENTRY_ID --workspace SLUG [--json]``: end an operator hold (SPEC §3.2)."""
+"""``manage.py release ENTRY_ID --workspace SLUG [--json]``: end an operator hold."""
 
 from __future__ import annotations
 

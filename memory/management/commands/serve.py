@@ -1,7 +1,7 @@
 """Serve the whole product from one command: the ASGI app (site, API, websockets) under
 uvicorn, plus the django-q2 cluster (the scheduler and its workers) as a child process.
 
-It stops on SIGTERM and SIGINT within STOP_SECONDS with no process left (SPEC §7). uvicorn
+It stops on SIGTERM and SIGINT within STOP_SECONDS with no process left. uvicorn
 shuts down gracefully on either, then raises the signal again at its own process so that the
 process dies of it: the ``finally`` of a plain ``uvicorn.run`` never ran, and the cluster was
 left to its death signal. Here the signal is forwarded to the cluster the moment uvicorn

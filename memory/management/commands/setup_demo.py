@@ -1,7 +1,7 @@
 """Create the demo workspace, its sample memories and a local operator login (idempotent).
 
 `make run` calls this on every start: the first time it prints a generated password once;
-afterwards it only says the demo is already there. The demo proposes (SPEC §3.1): its first
+afterwards it only says the demo is already there. The demo proposes: its first
 maintenance run archives and tombstones nothing, and a newcomer finds its proposals waiting for
 approval on the review page instead of a workspace already thinned out.
 """
