@@ -386,6 +386,19 @@ def make(workspace, now, content=GOOD, *, age_days=40.0, tags=None, **fields):
     return entry
 
 
+def count_assessments(monkeypatch, field="content"):
+    """The title or content of every entry the text detectors assess from now on."""
+    assessed: list[str] = []
+    real = hygiene.text_reasons
+
+    def counting(title, content, patterns):
+        assessed.append(title if field == "title" else content)
+        return real(title, content, patterns)
+
+    monkeypatch.setattr(hygiene, "text_reasons", counting)
+    return assessed
+
+
 def queue(workspace, **kwargs):
     return hygiene.preview(workspace, **kwargs)
 
@@ -600,14 +613,7 @@ def test_stored_assessments_are_reused_until_title_content_or_patterns_change(wo
     junk = make(workspace, now, JUNK, title="notes")
     plain = make(workspace, now, GOOD, title="plain")
     first = queue(workspace)
-    assessed = []
-    real = hygiene.text_reasons
-
-    def counting(title, content, patterns):
-        assessed.append(title)
-        return real(title, content, patterns)
-
-    monkeypatch.setattr(hygiene, "text_reasons", counting)
+    assessed = count_assessments(monkeypatch, "title")
     assert queue(workspace) == first and assessed == []  # nothing assessed again
     # A new title (same content: changed in place) is assessed again, and only that entry.
     services.entry_update(workspace=workspace, entry_id=plain.pk, title="an implementation plan")
@@ -766,14 +772,7 @@ def test_a_run_assesses_each_entry_once_and_its_plan_leaves_the_verdicts_stored(
     stored once it is over, so the apply reads them instead of running the detectors again —
     and a dry run leaves them for the next run and the queue (a cache: no entry changes)."""
     entries = [make(workspace, now, JUNK, age_days=40), make(workspace, now, GOOD, age_days=40)]
-    assessed = []
-    real = hygiene.text_reasons
-
-    def counting(title, content, patterns):
-        assessed.append(content)
-        return real(title, content, patterns)
-
-    monkeypatch.setattr(hygiene, "text_reasons", counting)
+    assessed = count_assessments(monkeypatch)
     before = list(Entry.objects.order_by("pk").values())
     dry = full_run(workspace, now, dry_run=True)
     assert dry["counts"]["low_quality_archived"] == 1
@@ -815,14 +814,7 @@ def test_the_worker_makes_the_missing_verdicts_within_its_budget(
         *(e.pk for e in mine),
         theirs.pk,
     }
-    assessed = []
-    real = hygiene.text_reasons
-
-    def counting(title, content, patterns):
-        assessed.append(content)
-        return real(title, content, patterns)
-
-    monkeypatch.setattr(hygiene, "text_reasons", counting)
+    assessed = count_assessments(monkeypatch)
     assert len(ids(workspace)) == 5 and assessed == []  # the queue reads what the worker made
     set_policy(workspace, residue_patterns=[r"\bnote\b"])
     assert tasks.assess_hygiene_verdicts() == {"assessed": {workspace.slug: 5}, "done": True}
