@@ -23,6 +23,7 @@ from maintenance.scoring_db import refresh_scores
 from memory import holds, live, rawsql
 from memory.errors import NotFound
 from memory.models import Entry, HoldReason, LifecycleEvent, Relationship, Status, Tombstone, Workspace
+from memory.services import link_partners
 
 REVERTIBLE_TO = (Status.ARCHIVED, Status.TOMBSTONED, Status.STALE)
 RUN_REVERT_TO = (Status.ARCHIVED, Status.TOMBSTONED)
@@ -184,13 +185,7 @@ def _rescore_link_ends(workspace: Workspace, entry_ids: list[int], *, now: datet
     its own scores, so a revert between counted statuses (archived, stale, active) alters none:
     rewriting each reverted wide row a second time for its scores was a sixth of a whole-run
     revert (bench/reports/maintenance.md)."""
-    if not entry_ids:
-        return
-    links = Relationship.objects.filter(workspace=workspace)
-    ends = {
-        *links.filter(from_entry_id__any_of=entry_ids).values_list("to_entry_id", flat=True),
-        *links.filter(to_entry_id__any_of=entry_ids).values_list("from_entry_id", flat=True),
-    }
+    ends = link_partners(entry_ids)
     if ends:
         refresh_scores(workspace, now=now, ids=ends)
 

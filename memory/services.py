@@ -276,14 +276,22 @@ def _rescore(workspace: Workspace, ids: Iterable[int], now: datetime) -> None:
     rescore(workspace, ids, now=now, params=write_policy(workspace).decay_params)
 
 
+def link_partners(entry_ids: Iterable[int]) -> set[int]:
+    """Ids at the other end of every link touching ``entry_ids`` — these entries included where
+    they are linked to each other. One statement, each half an index lookup with the ids as one
+    array: an OR of two 2,000-id lists took 75 ms a batch in a whole-run revert."""
+    ids = list(entry_ids)
+    if not ids:
+        return set()
+    out = Relationship.objects.filter(from_entry_id__any_of=ids).values_list("to_entry_id", flat=True)
+    inc = Relationship.objects.filter(to_entry_id__any_of=ids).values_list("from_entry_id", flat=True)
+    return set(out.union(inc, all=True))
+
+
 def neighbour_ids(entry_ids: Iterable[int]) -> set[int]:
     """Ids at the other end of every link touching ``entry_ids`` (their importance counts them)."""
     ids = list(entry_ids)
-    rows = Relationship.objects.filter(Q(from_entry_id__in=ids) | Q(to_entry_id__in=ids)).values_list(
-        "from_entry_id", "to_entry_id"
-    )
-    found = {i for pair in rows for i in pair}
-    return found - set(ids)
+    return link_partners(ids) - set(ids)
 
 
 # --- workspaces, members and keys ---------------------------------------------------------
