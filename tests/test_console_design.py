@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 
 from maintenance.models import MaintenancePolicy
@@ -19,18 +17,11 @@ from memory import services
 from memory.console_selectors import LABEL_CHARS, entry_label
 from memory.models import Entry, Workspace
 from memory.templatetags.steward import excerpt_after_label
+from tests.helpers_console import login
 
 pytestmark = pytest.mark.django_db
-User = get_user_model()
 
 IMPORTED = "Imported note {}: the deploy key lives in the vault\nSecond line of the note\nThird line"
-
-
-def login(client: Client, workspace: Workspace, role: str = "operator") -> Any:
-    user, _ = User.objects.get_or_create(username=f"{role}-user")
-    services.membership_set(workspace=workspace, user=user, role=role)
-    client.force_login(user)
-    return user
 
 
 def page(client: Client, path: str) -> str:

@@ -5,26 +5,13 @@ range apart: the help no longer only repeats the range."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.test import Client
 
 from maintenance.policy import LIMITS
 from maintenance.settings_help import GROUPS, HELP, range_text
 from maintenance.views_settings import POLICY_FIELDS
-from memory import services
-from memory.models import Workspace
-
-User = get_user_model()
-
-
-def login(client: Client, workspace: Workspace, role: str) -> Any:
-    user, _ = User.objects.get_or_create(username=f"{role}-user")
-    services.membership_set(workspace=workspace, user=user, role=role)
-    client.force_login(user)
-    return user
+from tests.helpers_console import login
 
 
 def test_every_policy_setting_is_in_exactly_one_group_with_its_sentence():
