@@ -414,8 +414,15 @@ class Entry(models.Model):
 
     # Versions.
     lineage_id = models.BigIntegerField(null=True, blank=True, help_text="Id of the first version")
+    # Indexed only where set (``entry_supersedes``): most rows are first versions, and an index
+    # entry costs every non-HOT update of the row.
     supersedes = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="superseded_by"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="superseded_by",
+        db_index=False,
     )
     is_latest = models.BooleanField(default=True)
 
@@ -484,6 +491,9 @@ class Entry(models.Model):
                 name="entry_constitutional",
             ),
             models.Index(fields=["lineage_id"], name="entry_lineage"),
+            models.Index(
+                fields=["supersedes"], condition=Q(supersedes__isnull=False), name="entry_supersedes"
+            ),
             models.Index(
                 fields=["workspace", "content_hash"], condition=Q(is_latest=True), name="entry_hash"
             ),

@@ -141,3 +141,23 @@ def test_an_unknown_or_full_index_is_refused():
         Entry.objects.on_index("entry_lineage")
     with pytest.raises(ValueError, match="no partial index"):
         Entry.objects.on_index("no_such_index")
+
+
+def test_the_successors_of_an_entry_are_found_by_the_partial_supersedes_index(workspace, entries):
+    """``supersedes`` is indexed only where it is set (first versions, most rows, have no index
+    entry to write on every status change); a lookup of an entry's successors, and the
+    SET NULL of a deletion, still read that index."""
+    first = Entry.objects.filter(workspace=workspace).order_by("pk").first()
+    assert first is not None
+
+    assert "entry_supersedes" in plan(Entry.objects.filter(supersedes=first))
+    assert "entry_supersedes" in plan(Entry.objects.filter(supersedes__in=[first.pk, first.pk + 1]))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_indexes WHERE indexname = 'entry_supersedes'"
+            " AND indexdef LIKE '%%supersedes_id IS NOT NULL%%'"
+            if connection.vendor == "postgresql"
+            else "SELECT count(*) FROM sqlite_master WHERE name = 'entry_supersedes'"
+            " AND sql LIKE '%%IS NOT NULL%%'"
+        )
+        assert cursor.fetchone()[0] == 1
