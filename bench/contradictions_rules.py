@@ -89,9 +89,9 @@ FIXES = [
     "reading every marker match showed markers that matched wrongly. Fixed, each with a test:",
     "",
     '- "do not"/"don\'t" after a subject often describe ("File-watcher tests do not work", '
-    '"mocks that don\'t fail"). A clause-start-only reading was tried and reverted: the SPEC lists '
-    'them as markers and "we do not squash commits" is a rule; the figures above use the '
-    "literal reading.",
+    '"mocks that don\'t fail"). A clause-start-only reading was tried and reverted: both are '
+    'prohibition markers wherever they stand and "we do not squash commits" is a rule; the '
+    "figures above use the literal reading.",
     '- "never" after a form of be, an auxiliary or a relative pronoun describes ("line is never '
     'executed", "annotations that would never have an effect").',
     '- "to avoid" states a purpose ("sets CI=1 to avoid watch mode", "Include --test mdtest to '

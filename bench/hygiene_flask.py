@@ -54,15 +54,15 @@ Changes made after the first run on this corpus (each has a test in `tests/test_
   bracket the URL did not open, stay with the text (`test_things_that_are_not_unbalanced`).
 - **A fence closed at the end of a line** (`…whatisthisidonteven```` in 7a7a163ff1, a pasted
   traceback) was reported as an unclosed fence. A fence is now any run of three or more
-  backticks, as the SPEC's "``` count odd" says (`test_unclosed_code_fence`).
+  backticks, and an odd count of them leaves one open (`test_unclosed_code_fence`).
 - **"etc..."** at the end of a finished sentence (1c3b53c5db) is not truncation
   (`test_an_ellipsis_inside_or_after_etc_is_not_truncation`).
-- **code_heavy and prose (kept as the SPEC says).** The SPEC's backtick rule (≥ 4 backticks,
+- **code_heavy and prose (rule kept as it stands).** The backtick rule (≥ 4 backticks,
   density > 0.015) also fires on short sentences naming two identifiers, e.g. "Fix type
   annotation for `before_request` and `before_app_request` decorators". A stricter variant
   (also requiring most visible characters inside code) was tried and cut the hits from 73 to
   19 and the `archive` recommendations from 506 to 497; it was reverted to keep the rule
-  exactly as specified: the point is 1, so it only tips an entry to `archive` together with
+  exactly as written: the point is 1, so it only tips an entry to `archive` together with
   a fragment (2) and an import (1), and those entries are one-line literal lists such as
   "docs: ``DEBUG``, ``SERVER_NAME``, ``PATH_INFO``" — low-value memories either way.
 - **`py.test => pytest`** looked like an assignment; `=>` and `==` no longer do (`test_prose_lines`).
@@ -74,7 +74,7 @@ Checked and right as they are:
   rST ``double backticks`` and `:file:`x`` roles: none is reported unbalanced.
 - The remaining *truncated_or_unbalanced* hits: GitHub's cut-off PR titles ending in `…` or
   `...` (real truncation); three messages that end in a stylistic ellipsis ("Leaving ->
-  living ....") — the SPEC's rule as written, kept; "Restored 2.5 compatibility{"; an odd `"`
+  living ....") — the ellipsis rule as written, kept; "Restored 2.5 compatibility{"; an odd `"`
   in a quoted error and in a message about the `"` character itself; ImgBot's `(18.3%))`; and
   a traceback pasted without a fence whose continuation line really has one `)` too many
   (0049922f2e). All are unbalanced or ellipsis-ended text, as the rule says.

@@ -1,4 +1,4 @@
-"""Code anchor checks (SPEC §1 CodeAnchor, §5 POST /anchors/check, §7 check_anchors).
+"""Code anchor checks: the CodeAnchor statuses, POST /anchors/check and ``manage.py check_anchors``.
 
 An anchor is **invalidated** when its file is gone, **stale** when the file changed since the
 anchored commit (or its content hash no longer matches), **valid** otherwise. Both checks end

@@ -178,7 +178,7 @@ QUEUED = {202: RunQueuedOut}
 
 @router.post("/maintenance/run", response={200: RunResultOut, **QUEUED, **ERRORS})
 def maintenance_run(request: HttpRequest, payload: FullRunIn | None = None) -> Any:
-    """The full run of SPEC §4.1 on the caller's workspace, or one quality pass alone
+    """The full maintenance run (every pass, in order) on the caller's workspace, or one quality pass alone
     (``kind`` hygiene, contradictions or consolidate). A real run, and a dry run of a large
     workspace, is queued for the worker: 202 with the run's id and URL."""
     payload = payload or FullRunIn.model_validate({})

@@ -39,7 +39,7 @@ negative than positive gives −1, the reverse +1, a tie or nothing 0.
   ("stop using X", not "stop and ask").
 - Not markers, on purpose: cannot/can't/won't/doesn't (what something can or does, not what
   to do); English "no" ("no need", "no longer" describe far more often than they forbid).
-  "do not"/"don't" always forbid, as the SPEC lists them ("we do not squash commits" is a
+  "do not"/"don't" always forbid, wherever they stand ("we do not squash commits" is a
   rule; a description like "the tests do not work offline" rarely shares 40 % of its topic
   words with an opposite rule). Spanish ``no`` is a marker unless the text looks Portuguese
   (``no`` means "in the": "no servidor") or English (none of a few Spanish function words and

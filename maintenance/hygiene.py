@@ -17,7 +17,7 @@ points, a human-readable detail) or ``None``. Text is NFC-normalised; words come
   straight ``"`` must be even, ``“ ” „`` together even, ``« »`` together even; apostrophes and
   single quotes are never counted.
 - ``code_heavy`` (1), on the content: ≥ 4 backticks with a density (backticks / characters)
-  above 0.015, exactly as the SPEC says — so a short note naming two identifiers in backticks
+  above 0.015, a deliberate rule — so a short note naming two identifiers in backticks
   counts (one point: alone it never recommends archiving; bench/reports/hygiene-flask.md
   shows how often it fires on real commit messages). Or: more than half of the non-empty
   lines are code. Lines
@@ -463,7 +463,7 @@ def assess(
     duplicate_of: int | None = None,
     patterns: Sequence[Pattern] | None = None,
 ) -> list[Reason]:
-    """Every reason that applies, in the order of the SPEC table."""
+    """Every reason that applies, in the order the module docstring lists the detectors."""
     text = text_reasons(title, content, compile_residue_patterns(None) if patterns is None else patterns)
     return [*text, *column_reasons(source=source, last_feedback=last_feedback, duplicate_of=duplicate_of)]
 

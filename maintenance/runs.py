@@ -570,7 +570,7 @@ def run_maintenance(
     batch_size: int = passes.BATCH_SIZE,
 ) -> dict[str, Any]:
     """Run maintenance of one kind (full, prune, decay, hygiene, contradictions, consolidate)
-    on one workspace, here and now; returns the SPEC §4.1 result object (every affected id),
+    on one workspace, here and now; returns the run's result object (counts and every affected id),
     also stored on the MaintenanceRun (with a bounded sample of them)."""
     if kind not in RunKind.values:
         raise ValueError(f"unknown run kind {kind!r}")
@@ -792,7 +792,7 @@ def _decay_details(outcome: Outcome, run: MaintenanceRun) -> dict[str, Any]:
 
 
 def decay_result(result: dict[str, Any]) -> dict[str, Any]:
-    """The SPEC §4.2 shape of a decay sweep."""
+    """A decay sweep's result as POST /maintenance/sweep-decay and ``sweep_decay --json`` return it."""
     sweep = result.get("sweep") or {"candidates_evaluated": 0, "evicted": [], "expired": []}
     return {
         "dry_run": result["dry_run"],
@@ -806,7 +806,7 @@ def decay_result(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def prune_result(result: dict[str, Any]) -> dict[str, Any]:
-    """The SPEC §4.2 shape of a prune run."""
+    """A prune run's result as POST /maintenance/prune and ``prune --json`` return it."""
     counts = result["counts"]
     return {
         "success": result["status"] in (RunStatus.SUCCEEDED, RunStatus.PROPOSED),

@@ -3,7 +3,7 @@
 In schemas forbid unknown keys and are strict (a JSON ``"true"`` is not a boolean and ``"5"`` is
 not a number): a maintenance request that does something other than what was typed can remove
 data. Run parameters carry the policy ranges as limits and are rejected outside them; a policy
-update is clamped into them instead, as SPEC §1 says of every stored policy value.
+update is clamped into them instead, as every stored policy value is.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class RunIn(StrictIn):
 
 class FullRunIn(RunIn):
     kind: Literal["full", "hygiene", "contradictions", "consolidate"] = Field(
-        "full", description="full: every pass of SPEC §4.1; or one quality pass alone (after scoring)"
+        "full", description="full: every maintenance pass in order; or one quality pass alone (after scoring)"
     )
 
 
@@ -269,8 +269,9 @@ class RunOut(Schema):
     started_at: datetime
     finished_at: datetime | None
     counts: dict[str, int | dict[str, int]] = Field(
-        description="The count keys of SPEC §4.1 (held_skipped included; reclaimed_rows maps kinds of "
-        "bookkeeping rows to how many were removed); of a proposed run, what it would have changed"
+        description="The run's counts: one key per pass, plus summaries_created and held_skipped "
+        "(reclaimed_rows maps kinds of bookkeeping rows to how many were removed); of a proposed run, "
+        "what it would have changed"
     )
     backup_file: str | None
     error: str

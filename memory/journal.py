@@ -3,7 +3,7 @@
 One JSON object per line. ``id`` becomes ``external_id`` (the key that keeps a re-import
 idempotent), ``created_at`` is kept, ``anchors`` become CodeAnchors, issue references become
 tags and commit references become links (reverts → caused, fixes → resolved, anything else →
-references). Any writer-settable field of SPEC §1 present in a record is taken too; journal
+references). Any writer-settable Entry field present in a record is taken too; journal
 fields without an Entry column (sha, author, parents, ...) are kept in ``Entry.metadata``.
 
 New records are written in bulk (a few statements per batch, never one query per record); a
@@ -66,7 +66,7 @@ ERRORS_KEPT = 20
 LINE_MAX = 2_147_483_647
 EVENT_REASON = "import"
 
-# Writer-settable fields of SPEC §1 taken from a record as they are (validated by services).
+# Writer-settable Entry fields taken from a record as they are (validated by services).
 WRITABLE_FIELDS = (
     "title",
     "tier",

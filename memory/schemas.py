@@ -55,7 +55,7 @@ from memory.services import (
 )
 
 INT64_MAX = 2**63 - 1  # the largest id either database can hold
-PAGE_MAX = 500  # SPEC §5: limit ≤ 500
+PAGE_MAX = 500  # the most items one page of a list returns: limit ≤ 500
 OFFSET_MAX = 1_000_000_000  # deeper pages are not meaningful; keeps OFFSET far from overflow
 METADATA_MAX_CHARS = 100_000  # serialised size of an entry's metadata object
 ANCHOR_FILES_MAX = 5000  # files per POST /anchors/check
@@ -140,7 +140,7 @@ class LinkIn(InSchema):
 
 
 class EntryIn(InSchema):
-    """The fields of SPEC §1 a writer may set."""
+    """The fields of an entry a writer may set."""
 
     content: Text = Field(min_length=1, max_length=CONTENT_MAX, pattern=NOT_BLANK)
     title: Text | None = Field(None, max_length=TITLE_MAX)
@@ -368,7 +368,7 @@ class LinkOut(Schema):
 
 
 class ImportanceBreakdownOut(Schema):
-    """The terms of SPEC §2 importance, and the inputs they were computed from."""
+    """The terms of an entry's importance score, and the inputs they were computed from."""
 
     significance: float
     relationships: float

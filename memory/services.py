@@ -536,8 +536,8 @@ def entry_create(
 ) -> Entry:
     """Create an entry (a new lineage) with its tags, anchors and outgoing links.
 
-    ``staged_class`` makes it a staged trace with the class TTL; ``fields`` are the writable
-    fields of SPEC §1. Nothing is written if any part is invalid.
+    ``staged_class`` makes it a staged trace with the class TTL; ``fields`` are the entry
+    fields a writer may set. Nothing is written if any part is invalid.
     """
     now = _now(now)
     content = _text(content, "content", CONTENT_MAX, required=True)
@@ -851,7 +851,7 @@ def _link(
 
 
 def _check_contradictions(entry: Entry, now: datetime) -> list[Any]:
-    """SPEC §4.5: a constitutional entry or an operator's rule is checked for contradictions
+    """On write, a constitutional entry or an operator's rule is checked for contradictions
     before the write returns; the open disputes it is part of are returned."""
     from maintenance import contradictions  # maintenance imports this module
 

@@ -1,5 +1,5 @@
 """Code anchor checks against a real git checkout and against files reported by a client
-(SPEC §1 CodeAnchor, §5 POST /anchors/check, §7 check_anchors)."""
+(the CodeAnchor model, POST /anchors/check and the check_anchors command)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Every paginated list of the API reports the true total in ``count`` whatever the offset
-(SPEC §5): before the last page, on it, at its end and past it. An agent that pages until a
+"""Every paginated list of the API reports the true total in ``count`` whatever the offset:
+before the last page, on it, at its end and past it. An agent that pages until a
 page comes back empty and trusts the last ``count`` gets the right total."""
 
 import itertools

@@ -59,7 +59,7 @@ def test_it_prints_the_workspace_as_json():
 
 
 def test_a_new_workspace_proposes_unless_asked_to_apply():
-    # SPEC §3.1: propose is the default; apply must be asked for.
+    # A new workspace's review mode: propose is the default; apply must be asked for.
     output = run("create_workspace", "initech")
     assert MaintenancePolicy.for_workspace(Workspace.objects.get(slug="initech")).review_mode == "propose"
     assert "manage.py proposals --workspace initech" in output

@@ -155,7 +155,7 @@ def test_ties_and_no_markers_give_zero(text):
         # English "no" is rarely a prohibition; Spanish "no" counts only in Spanish-looking text.
         ("No need to add tests for typos.", 0),
         ("Imports: ES module style, no `.js` extension (the project uses a bundler).", 0),
-        # "do not" / "don't" forbid wherever they stand, as the SPEC lists them
+        # "do not" / "don't" forbid wherever they stand: both are listed prohibition markers
         ("We do not squash commits before merging.", -1),
         ("You don't commit generated files.", -1),
         ("No uses variables globales.", -1),

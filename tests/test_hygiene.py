@@ -194,7 +194,7 @@ def test_backtick_branch_needs_four_backticks_and_density():
     assert reason.detail.startswith("6 backticks, density ")
     # rST double backticks are backticks too
     assert code_heavy("``alpha`` ``bravo`` and ``charlie``").detail.startswith("12 backticks")
-    # a short note naming two identifiers is code-heavy by the SPEC's rule (one point only)
+    # a short note naming two identifiers is code-heavy by the product's rule (one point only)
     assert code_heavy("Fix type annotation for `before_request` and `before_app_request` decorators")
 
 
@@ -557,8 +557,8 @@ def test_order_is_score_then_age_then_id(workspace, now):
 
 
 def test_an_entry_is_a_candidate_only_from_score_two(workspace, now):
-    # SPEC §4.4: legacy_import (1) alone never lists an entry, nor does code_heavy (1) alone;
-    # together (2) they do, and legacy_import adds to the other reasons.
+    # Candidates start at score 2: legacy_import (1) alone never lists an entry, nor does
+    # code_heavy (1) alone; together (2) they do, and legacy_import adds to the other reasons.
     imported = make(workspace, now, GOOD, source="import")
     code = make(workspace, now, f"{GOOD} Use `alpha` and `bravo` here.")
     both = make(workspace, now, f"{GOOD} Use `charlie` and `delta` now.", source="import")

@@ -1,5 +1,5 @@
-"""`make run` installs what running needs and nothing more; `make test` adds the dev extra
-(SPEC §7). The product's own modules import only what the runtime install brings."""
+"""`make run` installs what running needs and nothing more; `make test` adds the dev extra.
+The product's own modules import only what the runtime install brings."""
 
 import ast
 import os

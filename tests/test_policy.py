@@ -11,8 +11,8 @@ from maintenance.scoring import DecayParams
 from memory import services
 from memory.models import Workspace
 
-# The SPEC §1 table, written out by hand: (default, low, high).
-SPEC_TABLE = {
+# The policy limits written out by hand, independent of policy.LIMITS: (default, low, high).
+POLICY_TABLE = {
     "importance_threshold": (0.15, 0, 1),
     "archive_older_than_days": (0, 0, 3650),
     "prune_older_than_days": (0, 0, 3650),
@@ -42,7 +42,7 @@ SPEC_TABLE = {
 # Settings counted in whole units (days, seconds, hours, entries, files).
 INTEGER_SETTINGS = {
     name
-    for name in SPEC_TABLE
+    for name in POLICY_TABLE
     if name.endswith(("_days", "_seconds", "_hours"))
     or name in ("contradiction_batch", "contradiction_max_flags", "consolidation_min_group", "backups_keep")
 }
@@ -52,30 +52,30 @@ NON_NUMERIC = ["abc", "", None, [], {}, True, False, math.nan, math.inf, -math.i
 # --- the limits table ------------------------------------------------------------------------
 
 
-def test_limits_cover_exactly_the_settings_of_the_spec_table():
-    assert set(LIMITS) == set(SPEC_TABLE)
+def test_limits_cover_exactly_the_settings_of_the_policy_table():
+    assert set(LIMITS) == set(POLICY_TABLE)
 
 
-@pytest.mark.parametrize("name", sorted(SPEC_TABLE))
-def test_each_default_and_range_equals_the_spec_table(name):
-    default, low, high = SPEC_TABLE[name]
+@pytest.mark.parametrize("name", sorted(POLICY_TABLE))
+def test_each_default_and_range_equals_the_policy_table(name):
+    default, low, high = POLICY_TABLE[name]
     limit = LIMITS[name]
     assert (limit.default, limit.low, limit.high) == (default, low, high)
     assert limit.integer == (name in INTEGER_SETTINGS)
 
 
-@pytest.mark.parametrize("name", sorted(SPEC_TABLE))
-def test_policy_values_defaults_equal_the_spec_table(name):
-    assert getattr(PolicyValues(), name) == SPEC_TABLE[name][0]
+@pytest.mark.parametrize("name", sorted(POLICY_TABLE))
+def test_policy_values_defaults_equal_the_policy_table(name):
+    assert getattr(PolicyValues(), name) == POLICY_TABLE[name][0]
 
 
 def test_policy_values_exclude_tags_default_to_empty():
     assert PolicyValues().exclude_tags == ()
 
 
-@pytest.mark.parametrize("name", sorted(SPEC_TABLE))
-def test_model_field_defaults_equal_the_spec_table(name):
-    assert MaintenancePolicy._meta.get_field(name).default == SPEC_TABLE[name][0]
+@pytest.mark.parametrize("name", sorted(POLICY_TABLE))
+def test_model_field_defaults_equal_the_policy_table(name):
+    assert MaintenancePolicy._meta.get_field(name).default == POLICY_TABLE[name][0]
 
 
 def test_policy_values_has_a_field_for_every_limit_and_exclude_tags():
@@ -266,7 +266,7 @@ def test_default_policy_gives_the_default_decay_params():
 @pytest.mark.django_db
 def test_a_new_workspace_gets_a_policy_row_with_the_defaults(workspace):
     row = MaintenancePolicy.objects.get(workspace=workspace)
-    for name, (default, _low, _high) in SPEC_TABLE.items():
+    for name, (default, _low, _high) in POLICY_TABLE.items():
         assert getattr(row, name) == default, name
     assert row.exclude_tags == []
 

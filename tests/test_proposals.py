@@ -260,7 +260,7 @@ def test_a_propose_mode_run_proposes_exactly_what_an_apply_mode_dry_run_would_do
         )
         assert result["affected"]["proposed"][action] == ids
     assert result["affected"]["archived"] == result["affected"]["tombstoned"] == []
-    # Nothing was archived or tombstoned; what §3.1 lets apply did (stale marks, the purge).
+    # Nothing was archived or tombstoned; what propose mode still applies did (stale marks, the purge).
     after = snapshot(propose_workspace)
     assert set(after) == set(before) - set(result["affected"]["purged"])
     for pk, row in after.items():

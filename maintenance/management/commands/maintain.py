@@ -10,7 +10,7 @@ from memory.management.commands._base import WorkspaceCommand
 
 class Command(WorkspaceCommand):
     help = (
-        "Run the maintenance of a workspace: all passes of SPEC §4.1, or with --kind only the "
+        "Run the maintenance of a workspace: every maintenance pass in order, or with --kind only the "
         "hygiene, contradiction or compaction pass (after scoring)."
     )
 

@@ -38,7 +38,8 @@ class JsonCommand(BaseCommand):
         )
 
     def emit_json(self, data: Any) -> None:
-        # Key order is part of the output contract (SPEC §7 lists the keys), so no sort_keys.
+        # Key order is part of the output contract (each command prints its keys in a fixed
+        # order), so no sort_keys.
         self.stdout.write(json.dumps(data, sort_keys=False, default=str))
 
 
