@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/contradictions_rules.py [--corpus ../shared/corpus] [--out REPORT]
 
-Reads ``agent_rules.jsonl`` of the shared corpus (1,952 rules from 39 instruction files; see
-its README §3), makes every source file its own workspace in a throwaway SQLite database,
+Reads ``agent_rules.jsonl`` of the shared corpus (1,952 rules from 39 instruction files),
+makes every source file its own workspace in a throwaway SQLite database,
 writes each rule as an entry (type rule, tier procedural, source import, content = the text,
 no title; created one second apart in file order), runs the sweep on each workspace with a
 batch covering the whole file (contradiction_batch 2000, contradiction_max_flags 500) and
