@@ -954,3 +954,39 @@ def test_progress_hears_of_every_row_written_and_read(workspace, now):
     read: list[int] = []
     backups.read_backup(folder(workspace) / backup.file_name, progress=read.append)
     assert sum(read) == (sum(trailer["counts"].values()) + 2) // backups.READ_CHUNK * backups.READ_CHUNK
+
+
+@pytest.mark.parametrize("write_batch", [1, 1000])
+def test_overwritten_columns_of_every_type_come_back_exactly(workspace, now, monkeypatch, write_batch):
+    """Rows changed after the backup in columns of every type (floats whole and not, JSON,
+    datetimes set and cleared, booleans, integers, text, nulls), in groups of different changed
+    columns, written back by the restore's batched UPDATE (one statement per batch of rows on
+    PostgreSQL, column values as arrays)."""
+    monkeypatch.setattr(backups, "WRITE_BATCH", write_batch)
+    populate(workspace, now)
+    entries = list(Entry.objects.filter(workspace=workspace).order_by("pk"))
+    assert len(entries) >= 3
+    Entry.objects.filter(pk=entries[0].pk).update(salience=None, last_accessed_at=now)
+    before = dump(workspace)
+    path = backup_path(backups.write_backup(workspace, now=now))
+    later = now + timedelta(hours=2)
+    Entry.objects.filter(pk__in=[e.pk for e in entries[:2]]).update(
+        importance=1,
+        retention=0.123456789,
+        metadata={"changed": [1, 2.5, None], "deep": {"k": "v"}},
+        pinned=True,
+        access_count=7,
+        title="changed after the backup",
+        last_accessed_at=None,
+        salience=2.0,
+        status_changed_at=later,
+    )
+    Entry.objects.filter(pk=entries[2].pk).update(trust_score=0.0, expires_at=later, last_feedback="wrong")
+
+    result = backups.restore_backup(path, force=True)
+
+    assert result["overwritten"]["entry"] == 3
+    after = dump(workspace)
+    for name in MODELS:
+        backed_up = {r["id"]: r for r in before[name]}
+        assert [r for r in after[name] if r["id"] in backed_up] == before[name], name
