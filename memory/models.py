@@ -703,6 +703,18 @@ class LifecycleEvent(models.Model):
             models.Index(fields=["entry_ref", "-created_at"], name="event_by_entry"),
             # A run's affected entries, by action, paged in id order (the run page and the API).
             models.Index(fields=["run", "to_status", "entry_ref"], name="event_by_run"),
+            # The automatic changes a revert would still undo (the review tab and its count, on
+            # every console page): only those rows, not every event of the workspace.
+            models.Index(
+                fields=["workspace", "run"],
+                condition=Q(
+                    automatic=True,
+                    reverted_at__isnull=True,
+                    entry__isnull=False,
+                    to_status__in=[Status.ARCHIVED, Status.TOMBSTONED],
+                ),
+                name="event_automatic_open",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import F
 
 from memory import selectors
 from memory.models import Entry, Status, count_index
@@ -161,3 +163,50 @@ def test_the_successors_of_an_entry_are_found_by_the_partial_supersedes_index(wo
             " AND sql LIKE '%%IS NOT NULL%%'"
         )
         assert cursor.fetchone()[0] == 1
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a partial index SQLite uses only for literals")
+def test_the_count_of_automatic_changes_reads_only_the_open_automatic_events(workspace, entries):
+    """The review tab's count (on every console page) reads the partial index of automatic
+    archivals and tombstones not yet reverted, not every event of the workspace."""
+    from maintenance.console_selectors import automatic_changes
+    from memory import capped
+    from memory.models import LifecycleEvent
+
+    Entry.objects.filter(workspace=workspace).update(lineage_id=F("id"))  # first versions
+    rows = list(Entry.objects.filter(workspace=workspace, status=Status.TOMBSTONED)[:50])
+    LifecycleEvent.objects.bulk_create(
+        [
+            LifecycleEvent(
+                workspace=workspace,
+                entry=e,
+                entry_ref=e.pk,
+                from_status=Status.ACTIVE,
+                to_status=Status.TOMBSTONED,
+                reason="decay",
+                automatic=True,
+            )
+            for e in rows
+        ]
+        + [
+            LifecycleEvent(
+                workspace=workspace,
+                entry=e,
+                entry_ref=e.pk,
+                to_status=Status.ACTIVE,
+                reason="create",
+                created_at=e.created_at - timedelta(days=1),
+            )
+            for e in Entry.objects.filter(workspace=workspace)[:2000]
+        ]
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE memory_lifecycleevent")
+    events = automatic_changes(workspace)
+    sql, params = capped._limited(events, capped.CAP)
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN SELECT " + sql, params)
+        text = "\n".join(row[0] for row in cursor.fetchall())
+
+    assert "event_automatic_open" in text, text
+    assert capped.capped_count(events) == 50
