@@ -477,22 +477,31 @@ def test_many_requests_with_one_key_at_once_write_once():
     assert len(out) == 6 and not [r for r in out if isinstance(r, BaseException)], out
     statuses = sorted(r.status_code for r in out)
     executed = [r for r in out if r.status_code == 200 and "Idempotent-Replayed" not in r]
-    assert len(executed) == 1, statuses
     # The others ran nothing: each got the first answer or "in progress". SQLite's in-memory
     # test database (shared cache) answers a concurrent write "table is locked" at once where
-    # a database file waits its busy timeout: a 503, which stores nothing either.
-    allowed = {200, 409} | ({503} if connection.vendor == "sqlite" else set())
-    assert set(statuses) <= allowed, statuses
-    entry.refresh_from_db()
-    assert entry.access_count == 1
-    # No claim is left in hand: the next retry gets the first answer — unless storing that
-    # answer itself met the in-memory test database's "table is locked" (SQLite only, seen once
-    # in CI): then the claim stays in hand and a retry answers "in progress" until the lock
-    # times out, never a second write.
-    retry = post(raw, f"/entries/{entry.pk}/access", body, key="storm")
-    if connection.vendor == "sqlite" and retry.status_code == 409:
-        assert IdempotencyKey.objects.get(key="storm").status is None
+    # a database file waits its busy timeout: a 503, which stores nothing either — and it can
+    # meet the claimant too (seen in CI: 409 ×3, 503 ×3), which then wrote nothing.
+    sqlite = connection.vendor == "sqlite"
+    assert set(statuses) <= ({200, 409, 503} if sqlite else {200, 409}), statuses
+    if sqlite:
+        assert len(executed) <= 1, statuses
     else:
-        assert retry["Idempotent-Replayed"] == "true" and retry.content == executed[0].content
+        assert len(executed) == 1, statuses
     entry.refresh_from_db()
-    assert entry.access_count == 1
+    assert entry.access_count == len(executed)
+    # No claim is left in hand: the next retry gets the first answer (or, when the claimant
+    # failed, runs the request now) — unless storing or releasing the claim itself met the
+    # in-memory test database's "table is locked" (SQLite only): then the claim stays in hand
+    # and a retry answers "in progress" until the lock times out, never a second write.
+    retry = post(raw, f"/entries/{entry.pk}/access", body, key="storm")
+    if sqlite and retry.status_code == 409:
+        assert IdempotencyKey.objects.get(key="storm").status is None
+        wrote = len(executed)
+    elif executed:
+        assert retry["Idempotent-Replayed"] == "true" and retry.content == executed[0].content
+        wrote = 1
+    else:
+        assert retry.status_code == 200 and "Idempotent-Replayed" not in retry, retry.content
+        wrote = 1
+    entry.refresh_from_db()
+    assert entry.access_count == wrote
