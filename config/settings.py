@@ -237,6 +237,9 @@ else:
 # A dry run of a workspace with at most this many latest entries answers in the request; a
 # larger one (like every real run) is queued for the django-q2 worker (maintenance.api).
 MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES = env_int("MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES", 2000)
+# On SQLite a run's plan works on a temporary copy of the database, so API writes never wait
+# for it (maintenance.plan_snapshot); 0 plans inside the database under its write lock.
+PLAN_SNAPSHOT = env_bool("PLAN_SNAPSHOT", True)
 BACKUP_DIR = Path(os.environ.get("BACKUP_DIR") or VAR_DIR / "backups")
 if not BACKUP_DIR.is_absolute():
     BACKUP_DIR = BASE_DIR / BACKUP_DIR

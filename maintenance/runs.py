@@ -44,7 +44,17 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
-from maintenance import backups, bookkeeping, hygiene, lease, passes, plan_status, proposals, scoring_db
+from maintenance import (
+    backups,
+    bookkeeping,
+    hygiene,
+    lease,
+    passes,
+    plan_snapshot,
+    plan_status,
+    proposals,
+    scoring_db,
+)
 from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus
 from maintenance.passes import LeaseLost, PassResult, RunContext
 from maintenance.policy import PolicyValues, clamp_value, clean_tags
@@ -248,8 +258,10 @@ class Progress:
     page told at once. The plan is one transaction that is rolled back: on PostgreSQL its
     progress is written from a connection of its own (committed at once, as the lease's
     ``keep_alive``; at most every ``ASIDE_EVERY`` seconds), and the page is told through it too
-    (its outbox row, or straight through a shared channel layer); on SQLite (the plan holds the
-    database's only write lock) the row says "plan" until the plan is over. A run started
+    (its outbox row, or straight through a shared channel layer); on SQLite the same while the
+    plan works on its copy of the database (``plan_snapshot``); inside a caller's transaction
+    on SQLite (the plan then holds the database's only write lock) the row says "plan" until
+    the plan is over. A run started
     inside a caller's transaction (nobody else can see its row before that commits) records it
     in that transaction only."""
 
@@ -278,7 +290,9 @@ class Progress:
             if not connection.in_atomic_block or self.inside_caller:
                 MaintenanceRun.objects.filter(pk=self.run.pk).update(progress=state)
                 live.run_progress(self.run)
-            elif connection.vendor == "postgresql" and time.monotonic() - self.last_aside >= ASIDE_EVERY:
+            elif (connection.vendor == "postgresql" or plan_snapshot.active()) and (
+                time.monotonic() - self.last_aside >= ASIDE_EVERY
+            ):
                 self.last_aside = time.monotonic()
                 _write_aside(self.run, state)
         except Exception:  # progress is a courtesy: it never fails the run
@@ -355,8 +369,9 @@ def _plan(
     """Every pass inside one transaction that is rolled back. Lease renewals inside it would be
     rolled back too (and on SQLite would only lengthen the write lock), so they are skipped
     and the lease is renewed once the plan is over: a lease lost meanwhile is noticed before
-    anything is applied; on PostgreSQL ``keep_alive`` renews it meanwhile from a connection of
-    its own (``lease.keep_alive``), so a plan longer than the lease's TTL keeps it. The score
+    anything is applied; ``keep_alive`` renews it meanwhile from a connection of its own
+    (``lease.keep_alive``: PostgreSQL, and SQLite where the plan runs on a copy of the database,
+    ``plan_snapshot``), so a plan longer than the lease's TTL keeps it. The score
     pass writes the plan's scores into a temporary narrow table rather than into every entry's
     row (``scoring_db.plan_scores``)."""
     outcome: Outcome | None = None
@@ -364,7 +379,13 @@ def _plan(
     statuses = plan_status.overlay() if plan_status.needed(ctx.policy.purge_grace_days) else nullcontext()
     with hygiene.plan_verdicts() as verdicts:
         try:
-            with transaction.atomic(), scoring_db.planning(), statuses, verdicts.kept():
+            with (
+                plan_snapshot.snapshot(),
+                transaction.atomic(),
+                scoring_db.planning(),
+                statuses,
+                verdicts.kept(),
+            ):
                 outcome = _execute(planning, kind, None, recorder=recorder)
                 scoring_db.drop_plan_scores()
                 raise _Rollback
@@ -681,7 +702,10 @@ def _run(
             and (params or {}).get("hard_delete_older_than_days") is not None,
             details=kind == RunKind.DECAY,
         )
-        plan = _plan(ctx, kind, lease.keep_alive(workspace, holder=holder), recorder)
+        # On SQLite the plan reads a copy of the database (``plan_snapshot``): the lease can
+        # be renewed beside it as beside any reading phase.
+        keep_alive = lease.keep_alive(workspace, holder=holder, reading=plan_snapshot.possible())
+        plan = _plan(ctx, kind, keep_alive, recorder)
         recorder.phase = "apply"
         live_entries = _live_count(workspace)
         blocked = breaker_trips(plan, live_entries, policy)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.test import Client
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
@@ -64,3 +65,16 @@ def post_run(path: str, key: str, body: dict | None = None) -> Any:
         content_type="application/json",
         HTTP_AUTHORIZATION=f"Bearer {key}",
     )
+
+
+def read_aside(sql: str, params: list[Any]) -> Any:
+    """The first column of the first row of ``sql``, read through a connection of its own: what
+    other processes see while a plan runs (on PostgreSQL its own connection sees the same
+    after a commit; on SQLite the plan's connection reads its private copy of the database)."""
+    side = connections.create_connection(DEFAULT_DB_ALIAS)
+    try:
+        with side.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()[0]
+    finally:
+        side.close()

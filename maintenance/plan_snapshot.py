@@ -1,0 +1,84 @@
+"""On SQLite, a run's plan works on a private copy of the database instead of holding its
+write lock.
+
+The plan (``maintenance.runs._plan``) executes every pass inside a transaction that is rolled
+back. SQLite has one writer at a time, so that transaction held the database's write lock from
+its first statement to its rollback: every API write waited for the whole plan (2.6 s at
+100,000 entries). Instead the plan's connection is pointed, for the plan's duration, at a copy
+of the database made with SQLite's online backup (one step: one consistent read, which in WAL
+mode blocks no writer; ~0.3 s for 200 MB here), in a temporary file removed afterwards. The
+plan sees exactly what a read transaction at that moment would have seen, writes only into the
+copy, and the database itself stays free for writers; the apply then takes the write lock one
+batch at a time, as before.
+
+Not taken inside a caller's transaction (its uncommitted rows would be missing from a copy, and
+SQLite cannot back up a connection in the middle of a write): the plan then runs in that
+transaction, as it always did. ``PLAN_SNAPSHOT = False`` in the settings turns the copy off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+from django.conf import settings
+from django.db import connection
+
+_active: ContextVar[bool] = ContextVar("plan_snapshot", default=False)
+
+
+def possible() -> bool:
+    """Whether a plan started now would run on a copy (SQLite, outside a caller's transaction)."""
+    return (
+        connection.vendor == "sqlite"
+        and not connection.in_atomic_block
+        and bool(getattr(settings, "PLAN_SNAPSHOT", True))
+    )
+
+
+def active() -> bool:
+    """Whether the default connection is on a plan's copy right now."""
+    return _active.get()
+
+
+def _remove(path: str) -> None:
+    for name in (path, f"{path}-journal", f"{path}-wal", f"{path}-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+
+
+@contextlib.contextmanager
+def snapshot() -> Iterator[bool]:
+    """Point the default connection at a fresh copy of the database until the block ends
+    (yields True), or leave it as it is where ``possible`` says no (yields False)."""
+    if not possible():
+        yield False
+        return
+    connection.ensure_connection()
+    source = connection.connection
+    fd, path = tempfile.mkstemp(prefix="plan-", suffix=".sqlite3")
+    os.close(fd)
+    try:
+        # Django's own connection set-up: the same SQL functions and pragmas as the source.
+        copy = connection.get_new_connection({**connection.get_connection_params(), "database": path})
+        try:
+            source.backup(copy)
+            # A throwaway file (the copy took the source's WAL mode with its pages): the
+            # journal in memory — the plan rolls back —, no syncing.
+            copy.execute("PRAGMA journal_mode=MEMORY")
+            copy.execute("PRAGMA synchronous=OFF")
+            copy.isolation_level = source.isolation_level
+            connection.connection = copy
+            token = _active.set(True)
+            try:
+                yield True
+            finally:
+                _active.reset(token)
+                connection.connection = source
+        finally:
+            copy.close()
+    finally:
+        _remove(path)
