@@ -65,11 +65,13 @@ def snapshot() -> Iterator[bool]:
         # Django's own connection set-up: the same SQL functions and pragmas as the source.
         copy = connection.get_new_connection({**connection.get_connection_params(), "database": path})
         try:
-            source.backup(copy)
-            # A throwaway file (the copy took the source's WAL mode with its pages): the
-            # journal in memory — the plan rolls back —, no syncing.
-            copy.execute("PRAGMA journal_mode=MEMORY")
+            # A throwaway file: no syncing, and no journal while the pages are copied (into a
+            # WAL file they would be written twice: 1.3 s instead of 0.26 s for 180 MB here).
+            copy.execute("PRAGMA journal_mode=OFF")
             copy.execute("PRAGMA synchronous=OFF")
+            source.backup(copy)
+            # The plan rolls back: its journal, in memory (the copied header said WAL).
+            copy.execute("PRAGMA journal_mode=MEMORY")
             copy.isolation_level = source.isolation_level
             connection.connection = copy
             token = _active.set(True)
