@@ -16,6 +16,7 @@ The review queue has five tabs:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -140,19 +141,59 @@ def pending_totals(groups: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 # --- hygiene ------------------------------------------------------------------------------
 
 
+class HygieneQueue(Sequence[hygiene.Candidate]):
+    """The hygiene candidates matching the filters, best first, for a Paginator: its length is
+    their number, and a slice reads that page from the database (``hygiene.page``: filtered,
+    counted and ranked there; only the page's rows come back). The page asked for first is
+    read at once; the Paginator asks for it again (or for the last one) without a second
+    statement unless the number was past the end."""
+
+    def __init__(
+        self,
+        workspace: Workspace,
+        *,
+        recommendation: str | None = None,
+        reason: str | None = None,
+        offset: int = 0,
+        limit: int = 25,
+    ) -> None:
+        self._read = functools.partial(hygiene.page, workspace, recommendation=recommendation, reason=reason)
+        self.offset = max(offset, 0)
+        self.total, self.rows = self._read(limit=limit, offset=self.offset)
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __getitem__(self, index: Any) -> Any:
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError("the hygiene queue is read a page at a time")
+        start, stop, _ = index.indices(self.total)
+        if stop <= start:
+            return []
+        if start == self.offset and stop - start <= len(self.rows):
+            return self.rows[: stop - start]
+        return self._read(limit=stop - start, offset=start)[1]
+
+
 def hygiene_queue(
-    workspace: Workspace, *, recommendation: str | None = None, reason: str | None = None
-) -> tuple[int, list[hygiene.Candidate]]:
-    """All candidates (their number, for the tab) and those matching the filters, best first.
-    The scan reads entries in batches of 1,000: its queries grow per 1,000 entries, not per row."""
-    found = hygiene.candidates(workspace)
-    matching = [
-        c
-        for c in found
-        if (not recommendation or c.recommendation == recommendation)
-        and (not reason or any(r.code == reason for r in c.reasons))
-    ]
-    return len(found), matching
+    workspace: Workspace,
+    *,
+    recommendation: str | None = None,
+    reason: str | None = None,
+    page: Any = None,
+    per_page: int = 25,
+) -> Page:
+    """The page ``page`` (a number; anything else or out of range: as ``Paginator.get_page``)
+    of the candidates matching the filters."""
+    number = int(page) if isinstance(page, str) and page.isdigit() and 0 < int(page) < 10**9 else 1
+    queue = HygieneQueue(
+        workspace,
+        recommendation=recommendation,
+        reason=reason,
+        offset=(number - 1) * per_page,
+        limit=per_page,
+    )
+    return Paginator(queue, per_page).get_page(number)
 
 
 def hygiene_rows(candidates: Sequence[hygiene.Candidate]) -> list[dict[str, Any]]:

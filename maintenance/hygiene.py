@@ -86,10 +86,12 @@ from django.db.models import (
     Q,
     QuerySet,
     Subquery,
+    TextField,
     Value,
     When,
     Window,
 )
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from maintenance.models import HygieneAssessment, MaintenancePolicy
@@ -761,24 +763,55 @@ def _scored(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Patter
     compares both). NULL for an entry without a valid stored assessment (``_assess_missing``
     makes them)."""
     stored = _stored(patterns)
-    older_copy = Entry.objects.filter(
-        status_in(LIVE_STATUSES),
-        workspace=workspace,
-        is_latest=True,
-        content_hash=OuterRef("content_hash"),
-    ).filter(
-        Q(created_at__lt=OuterRef("created_at")) | Q(created_at=OuterRef("created_at"), pk__lt=OuterRef("pk"))
-    )
     points = (
         Subquery(stored.values("points")[:1], output_field=IntegerField())
-        + Case(When(Exists(older_copy), then=Value(POINTS["exact_duplicate"])), default=Value(0))
+        + Case(When(_older_copy(workspace), then=Value(POINTS["exact_duplicate"])), default=Value(0))
         + Case(
-            When(last_feedback__in=FEEDBACK_FLAGS, then=Value(POINTS["flagged_by_feedback"])),
+            When(_COLUMN_RULES["flagged_by_feedback"], then=Value(POINTS["flagged_by_feedback"])),
             default=Value(0),
         )
-        + Case(When(source=Source.IMPORT, then=Value(POINTS["legacy_import"])), default=Value(0))
+        + Case(When(_COLUMN_RULES["legacy_import"], then=Value(POINTS["legacy_import"])), default=Value(0))
     )
     return qs.annotate(hygiene_points=points)
+
+
+def _older_copy(workspace: Workspace) -> Exists:
+    """The outer entry has an older live latest copy (same content hash): ``exact_duplicate``."""
+    return Exists(
+        Entry.objects.filter(
+            status_in(LIVE_STATUSES),
+            workspace=workspace,
+            is_latest=True,
+            content_hash=OuterRef("content_hash"),
+        ).filter(
+            Q(created_at__lt=OuterRef("created_at"))
+            | Q(created_at=OuterRef("created_at"), pk__lt=OuterRef("pk"))
+        )
+    )
+
+
+# The column reasons read from the entry's own row (``column_reasons``), as conditions.
+_COLUMN_RULES = {
+    "flagged_by_feedback": Q(last_feedback__in=FEEDBACK_FLAGS),
+    "legacy_import": Q(source=Source.IMPORT),
+}
+
+
+def _with_reason(workspace: Workspace, code: str) -> Q | Exists:
+    """The queue's rows that have reason ``code``: a column reason as its condition, a text
+    reason found in the stored verdict's reasons (JSON text; a code is a bare identifier, so
+    ``"code": "<code>"`` appears in the text only as that key and value)."""
+    if code == "exact_duplicate":
+        return _older_copy(workspace)
+    if code in _COLUMN_RULES:
+        return _COLUMN_RULES[code]
+    return Q(stored_text__contains=f'"code": "{code}"')
+
+
+def _recommended(recommendation: str) -> Q:
+    """The rule of ``recommend`` as a condition on the scored rows."""
+    archive = Q(hygiene_points__gte=ARCHIVE_SCORE, access_count=0)
+    return archive if recommendation == "archive" else ~archive
 
 
 def _candidates_of(workspace: Workspace, rows: list[dict[str, Any]]) -> list[Candidate]:
@@ -874,24 +907,48 @@ def count(workspace: Workspace, *, cap: int | None = None) -> int:
     return got["listed"]
 
 
-def preview(workspace: Workspace, *, limit: int = 50, offset: int = 0) -> dict[str, Any]:
-    """The hygiene queue: ``count`` candidates in all, and one page of them: the
-    database counts and ranks them in one statement, and only the page's rows are read."""
+def page(
+    workspace: Workspace,
+    *,
+    limit: int,
+    offset: int = 0,
+    recommendation: str | None = None,
+    reason: str | None = None,
+) -> tuple[int, list[Candidate]]:
+    """How many candidates match the filters (``recommendation`` archive/review, a
+    ``reason`` code), and the page ``offset``..``offset + limit`` of them, best first: the
+    database filters, counts and ranks them in one statement, and only the page's rows come
+    back. Entries still to assess are assessed first (then the statement runs again)."""
     start, end = max(offset, 0), max(offset, 0) + max(limit, 0)
-    counted = _queue(workspace).rows.annotate(
-        rows=Window(Count("pk")), listed=Window(Count("hygiene_points"))
-    )
+    rows = _queue(workspace).rows
+    if reason:
+        if reason not in _COLUMN_RULES and reason != "exact_duplicate":
+            rows = rows.annotate(stored_text=Cast("stored_reasons", TextField()))
+        # A row to assess (NULL points) stays in: it makes the count below tell.
+        rows = rows.filter(_with_reason(workspace, reason) | Q(hygiene_points__isnull=True))
+    if recommendation:
+        rows = rows.filter(_recommended(recommendation) | Q(hygiene_points__isnull=True))
+    counted = rows.annotate(rows=Window(Count("pk")), listed=Window(Count("hygiene_points")))
     found = list(counted.values(*_ROW, "rows", "listed")[start:end])
+    total = 0
     if not found or found[0]["rows"] != found[0]["listed"]:
         # Entries to assess first, or a page past the last candidate: count() assesses
-        # what is missing, and the page is read again if there is one.
-        total = count(workspace)
-        found = list(counted.values(*_ROW, "rows", "listed")[start:end]) if total > start else []
+        # what is missing, and the page is read again.
+        count(workspace)
+        found = list(counted.values(*_ROW, "rows", "listed")[start:end])
+        if not found and start:  # past the last one: the count from the first row
+            first = list(counted.values("rows", "listed")[:1])
+            total = first[0]["listed"] if first else 0
     total = found[0]["listed"] if found else total
-    page = _listed(workspace, [r for r in found if r["hygiene_points"] is not None])
+    return total, _listed(workspace, [r for r in found if r["hygiene_points"] is not None])
+
+
+def preview(workspace: Workspace, *, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+    """The hygiene queue: ``count`` candidates in all, and one page of them (``page``)."""
+    total, page_ = page(workspace, limit=limit, offset=offset)
     rows = {
         r["pk"]: r
-        for r in Entry.objects.filter(pk__in=[c.id for c in page]).values(
+        for r in Entry.objects.filter(pk__in=[c.id for c in page_]).values(
             "pk", "title", "content", "entry_type", "source"
         )
     }
@@ -910,7 +967,7 @@ def preview(workspace: Workspace, *, limit: int = 50, offset: int = 0) -> dict[s
                 "reasons": [r.as_dict() for r in c.reasons],
                 "recommendation": c.recommendation,
             }
-            for c in page
+            for c in page_
             if c.id in rows
         ],
     }

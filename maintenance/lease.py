@@ -90,9 +90,10 @@ def keep_alive(workspace: Workspace, *, holder: str, reading: bool = False) -> C
     phase longer than the lease's TTL keeps it; a renewal that fails is logged, not raised. It
     only extends; it never reports the lease lost — the caller checks on its own connection
     once the phase is over, as before. None where it cannot work:
-    inside a caller's transaction, and on SQLite for a phase that writes (the plan holds the
-    database's write lock, no other connection can write); a ``reading`` phase on SQLite holds
-    a read snapshot only, which leaves the write lock to the renewal."""
+    inside a caller's transaction, and on SQLite for a phase that writes the database (no other
+    connection could write meanwhile); a ``reading`` phase on SQLite — the backup, and the plan
+    working on its copy of the database (``plan_snapshot``) — leaves the write lock to the
+    renewal."""
     if connection.in_atomic_block or (connection.vendor != "postgresql" and not reading):
         return None
     last = [time.monotonic()]

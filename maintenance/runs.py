@@ -367,8 +367,8 @@ def _plan(
     recorder: Progress | None = None,
 ) -> Outcome:
     """Every pass inside one transaction that is rolled back. Lease renewals inside it would be
-    rolled back too (and on SQLite would only lengthen the write lock), so they are skipped
-    and the lease is renewed once the plan is over: a lease lost meanwhile is noticed before
+    rolled back too (or, on SQLite, land in the plan's copy of the database), so they are
+    skipped and the lease is renewed once the plan is over: a lease lost meanwhile is noticed before
     anything is applied; ``keep_alive`` renews it meanwhile from a connection of its own
     (``lease.keep_alive``: PostgreSQL, and SQLite where the plan runs on a copy of the database,
     ``plan_snapshot``), so a plan longer than the lease's TTL keeps it. The score

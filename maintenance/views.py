@@ -196,10 +196,16 @@ def _pending_tab(request: HttpRequest, console: Console) -> dict[str, Any]:
 def _hygiene_tab(request: HttpRequest, console: Console) -> dict[str, Any]:
     recommendation = _choice(request, "recommendation", ("archive", "review"))
     reason = _choice(request, "reason", hygiene_reason_codes())
-    total, matching = hygiene_queue(console.workspace, recommendation=recommendation, reason=reason)
-    page = Paginator(matching, PER_PAGE).get_page(request.GET.get("page"))
+    page = hygiene_queue(
+        console.workspace,
+        recommendation=recommendation,
+        reason=reason,
+        page=request.GET.get("page"),
+        per_page=PER_PAGE,
+    )
+    filtered = recommendation or reason
     return {
-        "known": {"hygiene": total},
+        "known": {} if filtered else {"hygiene": page.paginator.count},
         "page": page,
         "rows": hygiene_rows(list(page.object_list)),
         "filters": {"recommendation": recommendation, "reason": reason},

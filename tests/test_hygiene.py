@@ -974,3 +974,45 @@ def test_every_door_of_the_queue_assesses_new_entries_before_it_answers(workspac
     fourth = make(workspace, now, JUNK, title="four")
     assert {c.id for c in hygiene.candidates(workspace)} == {first.pk, second.pk, third.pk, fourth.pk}
     assert hygiene.preview(workspace, limit=2, offset=3)["count"] == 4
+
+
+# --- the queue filtered and paged by the database -----------------------------------------------
+
+
+def test_filtered_pages_are_the_candidates_the_rules_pick(workspace, now):
+    """``hygiene.page`` filters by recommendation and reason, counts and pages in SQL: the same
+    candidates, in the same order, as the rules applied to every candidate in Python."""
+    fence = "```python\nx = 1\ny = 2\nprint(x)\nz = 3\n```"
+    residue = "Implementation plan for the cache layer of the billing service and its retries."
+    make(workspace, now, JUNK)  # fragment + truncated: archive
+    make(workspace, now, JUNK + " again", access_count=3)  # the same, accessed: review
+    make(workspace, now, fence + "\n" + fence)  # code heavy (+ a fragment)
+    make(workspace, now, residue, source="import")  # residue + import
+    make(workspace, now, "tiny", source="import", last_feedback="wrong")
+    make(workspace, now, GOOD, age_days=50)
+    make(workspace, now, GOOD, age_days=45)  # the newer copy: exact duplicate
+    make(workspace, now, GOOD + " And then some.", last_feedback="stale", access_count=1)
+    make(workspace, now, GOOD + " Clean.")  # no reason
+    everything = hygiene.candidates(workspace)
+    assert len(everything) >= 7
+    for recommendation in (None, "archive", "review"):
+        for reason in (None, *hygiene.POINTS):
+            expected = [
+                c.id
+                for c in everything
+                if (not recommendation or c.recommendation == recommendation)
+                and (not reason or any(r.code == reason for r in c.reasons))
+            ]
+            total, found = hygiene.page(workspace, limit=100, recommendation=recommendation, reason=reason)
+            assert (total, [c.id for c in found]) == (len(expected), expected), (recommendation, reason)
+            pages = [
+                c.id
+                for start in range(0, max(total, 1), 2)
+                for c in hygiene.page(
+                    workspace, limit=2, offset=start, recommendation=recommendation, reason=reason
+                )[1]
+            ]
+            assert pages == expected, (recommendation, reason)
+    # Some filter leaves some out, every reason is met at least once.
+    assert {r.code for c in everything for r in c.reasons} == set(hygiene.POINTS)
+    assert hygiene.page(workspace, limit=5, offset=1000) == (len(everything), [])

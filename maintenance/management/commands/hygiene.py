@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from maintenance import hygiene
-from maintenance.console_selectors import hygiene_queue, hygiene_reason_codes, hygiene_rows
+from maintenance.console_selectors import hygiene_reason_codes, hygiene_rows
 from memory.management.commands._base import WorkspaceCommand
 
 LINE_CHARS = 70
@@ -68,12 +68,13 @@ def queue(
 ) -> dict[str, Any]:
     """One page of the candidates matching the filters, in the shape of ``hygiene.preview``
     (``count`` = the matching candidates; ``total`` = all candidates of the queue)."""
-    total, matching = hygiene_queue(workspace, recommendation=recommendation, reason=reason)
-    start = max(offset, 0)
-    rows = hygiene_rows(matching[start : start + max(limit, 0)])
+    matching, found = hygiene.page(
+        workspace, limit=limit, offset=offset, recommendation=recommendation, reason=reason
+    )
+    rows = hygiene_rows(found)
     return {
-        "count": len(matching),
-        "total": total,
+        "count": matching,
+        "total": hygiene.count(workspace) if recommendation or reason else matching,
         "candidates": [
             {
                 "id": r["id"],
