@@ -240,6 +240,7 @@ MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES = env_int("MAINTENANCE_INLINE_DRY_RUN_MAX
 # On SQLite a run's plan works on a temporary copy of the database, so API writes never wait
 # for it (maintenance.plan_snapshot); 0 plans inside the database under its write lock.
 PLAN_SNAPSHOT = env_bool("PLAN_SNAPSHOT", True)
+PLAN_SNAPSHOT_DIR = os.environ.get("PLAN_SNAPSHOT_DIR") or None  # default: the database's folder
 BACKUP_DIR = Path(os.environ.get("BACKUP_DIR") or VAR_DIR / "backups")
 if not BACKUP_DIR.is_absolute():
     BACKUP_DIR = BASE_DIR / BACKUP_DIR

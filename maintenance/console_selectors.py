@@ -185,7 +185,9 @@ def hygiene_queue(
 ) -> Page:
     """The page ``page`` (a number; anything else or out of range: as ``Paginator.get_page``)
     of the candidates matching the filters."""
-    number = int(page) if isinstance(page, str) and page.isdigit() and 0 < int(page) < 10**9 else 1
+    number = 1
+    if isinstance(page, str) and page.isascii() and page.isdigit() and len(page) < 10:
+        number = max(int(page), 1)
     queue = HygieneQueue(
         workspace,
         recommendation=recommendation,

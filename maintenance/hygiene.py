@@ -936,7 +936,7 @@ def page(
         # what is missing, and the page is read again.
         count(workspace)
         found = list(counted.values(*_ROW, "rows", "listed")[start:end])
-        if not found and start:  # past the last one: the count from the first row
+        if not found:  # past the last one (or an empty page): the count from the first row
             first = list(counted.values("rows", "listed")[:1])
             total = first[0]["listed"] if first else 0
     total = found[0]["listed"] if found else total

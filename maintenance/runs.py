@@ -375,7 +375,15 @@ def _plan(
     pass writes the plan's scores into a temporary narrow table rather than into every entry's
     row (``scoring_db.plan_scores``)."""
     outcome: Outcome | None = None
-    planning = replace(ctx, renew=keep_alive or (lambda: True), planning=True)
+
+    def renew() -> bool:
+        # On SQLite only while the plan reads its copy: a plan in the database (no copy could be
+        # made) holds the write lock a side renewal would wait for.
+        if keep_alive is None or (connection.vendor == "sqlite" and not plan_snapshot.active()):
+            return True
+        return keep_alive()
+
+    planning = replace(ctx, renew=renew, planning=True)
     statuses = plan_status.overlay() if plan_status.needed(ctx.policy.purge_grace_days) else nullcontext()
     with hygiene.plan_verdicts() as verdicts:
         try:

@@ -635,6 +635,8 @@ def test_lists_are_paginated_and_keep_their_filters(client, workspace, now):
     assert review(client, "hygiene", recommendation="review").count("queue-row") == 0
     assert review(client, "hygiene", page="abc").count("queue-row") == 25  # a bad page is the first
     assert review(client, "hygiene", page=99).count("queue-row") == 5  # past the end is the last
+    for odd in ("%C2%B2", "0", "-1", "1" * 5000):  # "²" is a digit to Python, not a number
+        assert review(client, "hygiene", page=odd).count("queue-row") in (25, 5), odd
 
 
 def test_the_runs_list_filters_and_pages(client, workspace, now):

@@ -56,3 +56,76 @@ def test_no_copy_inside_a_callers_transaction():
 def test_the_setting_turns_the_copy_off(settings):
     settings.PLAN_SNAPSHOT = False
     assert not plan_snapshot.possible()
+
+
+def _mixed_workspace(now):
+    """Entries every kind of pass picks: stale, archived, cold, expiring, staged, a fragment,
+    duplicates, a tombstone past grace."""
+    from datetime import timedelta
+
+    ws = services.workspace_create(slug="mixed", name="Mixed", review_mode="apply")
+    when = [now - timedelta(days=d) for d in (1, 40, 100, 200, 400)]
+    for i, created in enumerate(when * 4):
+        entry = services.entry_create(
+            workspace=ws,
+            content=f"note {i} about the cache layer and its retries, written while on call"
+            if i % 3
+            else "tiny...",
+            created_at=created,
+            now=created,
+        )
+        if i % 5 == 0:
+            Entry.objects.filter(pk=entry.pk).update(expires_at=now - timedelta(hours=1))
+    return ws
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dry_run_on_the_copy_decides_what_one_in_the_database_does(settings, tmp_path, now):
+    """The same counts and the same ids, with the copy and without it."""
+    from maintenance.runs import run_maintenance
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's plan only")
+    settings.BACKUP_DIR = tmp_path / "backups"
+    ws = _mixed_workspace(now)
+    outcomes = []
+    for on in (True, False):
+        settings.PLAN_SNAPSHOT = on
+        result = run_maintenance(workspace=ws, now=now, dry_run=True, force=True)
+        outcomes.append((result["status"], result["counts"], result.get("affected")))
+    assert outcomes[0][2], outcomes[0]  # the ids decided
+    assert outcomes[0] == outcomes[1]
+    counts = outcomes[0][1]
+    assert counts["stale_marked"] and counts["expired"] and counts["scored"] == 20, counts
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_room_for_a_copy_the_plan_runs_in_the_database(monkeypatch, settings, tmp_path, now, caplog):
+    from maintenance.runs import run_maintenance
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's plan only")
+    settings.BACKUP_DIR = tmp_path / "backups"
+    settings.PLAN_SNAPSHOT_DIR = str(tmp_path / "no such folder")
+    ws = _mixed_workspace(now)
+    copied = run_maintenance(workspace=ws, now=now, dry_run=True, force=True)
+    assert copied["status"] == "succeeded" and copied["counts"]["expired"]
+    assert "no copy of the database for the plan" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_copy_left_by_a_killed_plan_goes_once_a_day_old(settings, tmp_path):
+    import os
+    import time
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's plan only")
+    settings.PLAN_SNAPSHOT_DIR = str(tmp_path)
+    old, recent = tmp_path / "plan-old.sqlite3", tmp_path / "plan-recent.sqlite3"
+    old.write_bytes(b"x")
+    recent.write_bytes(b"x")
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(old, (two_days_ago, two_days_ago))
+    with plan_snapshot.snapshot() as copied:
+        assert copied and len(list(tmp_path.glob("plan-*.sqlite3"))) == 2  # recent + this one
+    assert sorted(p.name for p in tmp_path.glob("plan-*")) == ["plan-recent.sqlite3"]
