@@ -1,11 +1,14 @@
 """The workspace live-update consumer: members only, and what a publisher sends arrives —
 from this process directly, from another process through the outbox relay (embedded mode),
-only after commit, and without ever breaking the run that announces."""
+only after commit, and without ever breaking the run that announces; whichever door a change
+comes through (the JSON API, a management command), open pages get the new review counts."""
 
 import asyncio
+import json
 import logging
 import re
 from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
@@ -14,7 +17,9 @@ from channels.layers import BaseChannelLayer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
+from django.core.management import call_command
 from django.db import transaction
+from django.test import Client
 from django.utils import timezone
 
 from maintenance.models import Dispute, MaintenanceRun
@@ -466,3 +471,80 @@ def test_announcements_inside_coalesced_go_out_once_per_workspace_at_the_end(
     assert mine.count('id="live-queue"') == 1 and 'id="live-runs"' in mine
     live.announce_queue(workspace.pk)  # outside: at once (after its autocommit)
     assert len(sent) == 3
+
+
+# --- every door updates open pages: the JSON API, a management command --------------------------
+
+
+def test_a_hygiene_apply_through_the_api_updates_the_open_pages_review_counts(workspace, member):
+    junk = _entry(workspace, "wip...", created_at=timezone.now() - timedelta(days=40))
+    a = _entry(workspace, "Always use tabs for indentation", entry_type="rule")
+    b = _entry(workspace, "Never use tabs for indentation", entry_type="rule")
+    Dispute.objects.create(workspace=workspace, entry_a_id=a.pk, entry_b_id=b.pk, detected_by="sweep")
+    gone = _entry(workspace, "A scratch note nobody needs")
+    services.entry_tombstone(workspace=workspace, entry_id=gone.pk, actor="user:vera")
+    secret = services.api_key_create(workspace=workspace, name="operator key", role="operator")[1]
+    last = LiveMessage.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+
+    def apply() -> Any:
+        return Client().post(
+            "/api/v1/hygiene/apply",
+            data=json.dumps({"ids": [junk.pk]}),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {secret}",
+        )
+
+    @async_to_sync
+    async def scenario():
+        communicator = _communicator(member, workspace.slug)
+        await communicator.connect()
+        response = await sync_to_async(apply)()
+        received = await communicator.receive_from(timeout=2)
+        await communicator.disconnect()
+        return response, received
+
+    response, received = scenario()
+    assert response.status_code == 200, response.content
+    assert response.json()["archived"] == [junk.pk]
+    # The page's header and review tabs get the counts as they are after the archive.
+    assert received.lstrip().startswith('<span id="live-queue"')
+    assert received == live.render_queue(workspace.pk)
+    assert 'data-disputes="1"' in received and 'data-tombstones="1"' in received
+    assert '<span class="count" id="review-count-disputes">1</span>' in received
+    # And the outbox row that other web processes forward to the pages they serve.
+    told = LiveMessage.objects.filter(workspace_id=workspace.pk, pk__gt=last).values_list("html", flat=True)
+    assert list(told) == [received]
+
+
+def test_revert_run_from_the_command_line_updates_the_open_pages_review_counts(workspace, member):
+    old = timezone.now() - timedelta(days=400)
+    for i in range(3):
+        _entry(workspace, f"An old unimportant note number {i} about the lunch menu", created_at=old)
+    run_id = run_maintenance(workspace=workspace)["run_id"]
+    before = live.queue_counts(workspace)
+    assert before["automatic"] == 3 and before["tombstones"] == 3
+    last = LiveMessage.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+
+    def revert() -> str:
+        out = StringIO()
+        call_command("revert_run", str(run_id), "--workspace", workspace.slug, stdout=out, stderr=StringIO())
+        return out.getvalue()
+
+    @async_to_sync
+    async def scenario():
+        communicator = _communicator(member, workspace.slug)
+        await communicator.connect()
+        said = await sync_to_async(revert)()
+        received = await communicator.receive_from(timeout=2)
+        await communicator.disconnect()
+        return said, received
+
+    said, received = scenario()
+    assert f"run {run_id}: reverted 3 entries" in said
+    assert received.lstrip().startswith('<span id="live-queue"')
+    assert 'data-automatic="0"' in received and 'data-tombstones="0"' in received
+    assert '<span class="count" id="review-count-automatic">0</span>' in received
+    assert '<span class="count" id="review-count-tombstones">0</span>' in received
+    # A command runs in a process of its own: the outbox row is what reaches the web processes.
+    told = LiveMessage.objects.filter(workspace_id=workspace.pk, pk__gt=last).values_list("html", flat=True)
+    assert list(told) == [received]
