@@ -87,6 +87,10 @@ def seed(password: str) -> dict[str, Any]:
         for text in JUNK
     ]
 
+    pager = workspace("pager", "Pager")  # two pages of hygiene candidates (25 a page)
+    for i in range(30):
+        services.entry_create(workspace=pager, content=f"wip {i}...", created_at=now - timedelta(days=40))
+
     rev = workspace("revert", "Revert")
     archives_old_notes(rev)
     out["revert_entries"] = old_notes(rev)

@@ -60,6 +60,36 @@ def test_archiving_a_hygiene_candidate_takes_its_row_out_of_the_queue(page, serv
     shot(page, "entry-archived")
 
 
+def test_paging_and_filtering_the_queue_keeps_the_queue_around_it(page, server):
+    """The pager's links and the filter form swap the whole queue (heading, tabs, panel): they
+    once inherited the panel's own reload selector and put the panel in the queue's place,
+    leaving no tabs and no target for the next click."""
+    page.goto("/console/pager/review/?tab=hygiene")
+    wait_live(page)
+    heading = page.get_by_role("heading", name="Review queue")
+    expect(page.locator("#review-panel")).to_contain_text("Page 1 of 2")
+
+    page.get_by_role("link", name="Next →").click()
+
+    expect(page).to_have_url(re.compile(r"page=2"))
+    expect(page.locator("#review-panel")).to_contain_text("Page 2 of 2")
+    expect(heading).to_be_visible()
+    expect(page.locator("#review-tabs")).to_be_visible()
+    expect(page.locator("#hygiene-table tr.queue-row")).to_have_count(5)
+
+    page.get_by_role("link", name="← Previous").click()
+
+    expect(page.locator("#review-panel")).to_contain_text("Page 1 of 2")
+    expect(heading).to_be_visible()
+    page.locator("#review-panel form.filters select[name=recommendation]").select_option("archive")
+    page.locator("#review-panel form.filters").get_by_role("button").first.click()
+
+    expect(page).to_have_url(re.compile(r"recommendation=archive"))
+    expect(heading).to_be_visible()
+    expect(page.locator("#review-tabs")).to_be_visible()
+    shot(page, "review-hygiene-paged")
+
+
 def test_reverting_a_run_from_its_page_brings_its_entries_back(page, server):
     run_id = server.seed["revert_run"]["run_id"]
     archived = server.seed["revert_entries"]
