@@ -43,6 +43,57 @@ def test_the_500_page_needs_no_context_and_is_the_console_s_own():
     _no_inline_code(html)
 
 
+@pytest.mark.django_db
+def test_a_role_below_the_action_s_gets_the_console_s_403_page(client):
+    from django.contrib.auth.models import User
+
+    from memory import services
+
+    workspace = services.workspace_create(slug="acme", name="Acme", review_mode="apply")
+    user = User.objects.create(username="vera")
+    services.membership_set(workspace=workspace, user=user, role="viewer")
+    client.force_login(user)
+
+    response = client.post("/console/acme/review/hygiene/", {"action": "archive", "ids": ["1"]})
+
+    html = response.content.decode()
+    assert response.status_code == 403
+    assert "Not allowed" in html and "needs the operator role; yours is viewer" in html
+    assert "css/console.css" in html and 'href="/console/"' in html
+    _no_inline_code(html)
+
+
+@pytest.mark.django_db
+def test_a_form_without_its_csrf_token_gets_the_console_s_403_page():
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from memory import services
+
+    workspace = services.workspace_create(slug="acme", name="Acme", review_mode="apply")
+    user = User.objects.create(username="olga")
+    services.membership_set(workspace=workspace, user=user, role="operator")
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+
+    response = client.post("/console/acme/review/hygiene/", {"action": "archive", "ids": ["1"]})
+
+    html = response.content.decode()
+    assert response.status_code == 403
+    assert "This form has expired" in html and "Nothing was changed" in html
+    assert "css/console.css" in html
+    _no_inline_code(html)
+
+
+def test_the_400_page_is_the_console_s_own():
+    response = defaults.bad_request(RequestFactory().get("/"), Exception("bad"))
+
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert "Bad request" in html and "css/console.css" in html
+    _no_inline_code(html)
+
+
 def test_without_debug_the_icon_the_stylesheet_and_the_404_page_are_served(tmp_path):
     env = production_env(tmp_path, STATIC_ROOT=str(tmp_path / "static"))
     subprocess.run(
