@@ -43,16 +43,22 @@ def test_the_500_page_needs_no_context_and_is_the_console_s_own():
     _no_inline_code(html)
 
 
-@pytest.mark.django_db
-def test_a_role_below_the_action_s_gets_the_console_s_403_page(client):
+def _member(client, role: str):
+    """``client`` logged in as a member of workspace acme with ``role``."""
     from django.contrib.auth.models import User
 
     from memory import services
 
     workspace = services.workspace_create(slug="acme", name="Acme", review_mode="apply")
-    user = User.objects.create(username="vera")
-    services.membership_set(workspace=workspace, user=user, role="viewer")
+    user = User.objects.create(username=f"a-{role}")
+    services.membership_set(workspace=workspace, user=user, role=role)
     client.force_login(user)
+    return client
+
+
+@pytest.mark.django_db
+def test_a_role_below_the_action_s_gets_the_console_s_403_page(client):
+    _member(client, "viewer")
 
     response = client.post("/console/acme/review/hygiene/", {"action": "archive", "ids": ["1"]})
 
@@ -65,16 +71,9 @@ def test_a_role_below_the_action_s_gets_the_console_s_403_page(client):
 
 @pytest.mark.django_db
 def test_a_form_without_its_csrf_token_gets_the_console_s_403_page():
-    from django.contrib.auth.models import User
     from django.test import Client
 
-    from memory import services
-
-    workspace = services.workspace_create(slug="acme", name="Acme", review_mode="apply")
-    user = User.objects.create(username="olga")
-    services.membership_set(workspace=workspace, user=user, role="operator")
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(user)
+    client = _member(Client(enforce_csrf_checks=True), "operator")
 
     response = client.post("/console/acme/review/hygiene/", {"action": "archive", "ids": ["1"]})
 

@@ -101,6 +101,22 @@ def test_anonymous_visitors_are_refused(workspace):
 # --- runs and the queue, announced after commit ------------------------------------------------
 
 
+def _while_a_page_is_open(user, slug, action):
+    """``action()`` run while ``user`` has the workspace's page open: (its result, the first
+    message the page received)."""
+
+    @async_to_sync
+    async def scenario():
+        communicator = _communicator(user, slug)
+        await communicator.connect()
+        result = await sync_to_async(action)()
+        received = await communicator.receive_from(timeout=2)
+        await communicator.disconnect()
+        return result, received
+
+    return scenario()
+
+
 def _entry(workspace, content, **fields):
     return services.entry_create(workspace=workspace, content=content, **fields)
 
@@ -494,16 +510,7 @@ def test_a_hygiene_apply_through_the_api_updates_the_open_pages_review_counts(wo
             HTTP_AUTHORIZATION=f"Bearer {secret}",
         )
 
-    @async_to_sync
-    async def scenario():
-        communicator = _communicator(member, workspace.slug)
-        await communicator.connect()
-        response = await sync_to_async(apply)()
-        received = await communicator.receive_from(timeout=2)
-        await communicator.disconnect()
-        return response, received
-
-    response, received = scenario()
+    response, received = _while_a_page_is_open(member, workspace.slug, apply)
     assert response.status_code == 200, response.content
     assert response.json()["archived"] == [junk.pk]
     # The page's header and review tabs get the counts as they are after the archive.
@@ -530,16 +537,7 @@ def test_revert_run_from_the_command_line_updates_the_open_pages_review_counts(w
         call_command("revert_run", str(run_id), "--workspace", workspace.slug, stdout=out, stderr=StringIO())
         return out.getvalue()
 
-    @async_to_sync
-    async def scenario():
-        communicator = _communicator(member, workspace.slug)
-        await communicator.connect()
-        said = await sync_to_async(revert)()
-        received = await communicator.receive_from(timeout=2)
-        await communicator.disconnect()
-        return said, received
-
-    said, received = scenario()
+    said, received = _while_a_page_is_open(member, workspace.slug, revert)
     assert f"run {run_id}: reverted 3 entries" in said
     assert received.lstrip().startswith('<span id="live-queue"')
     assert 'data-automatic="0"' in received and 'data-tombstones="0"' in received
