@@ -810,12 +810,6 @@ def _with_reason(workspace: Workspace, code: str) -> Q:
     return Q(stored_text__contains=f'"code": "{code}"')
 
 
-def _recommended(recommendation: str) -> Q:
-    """The rule of ``recommend`` as a condition on the scored rows."""
-    archive = Q(hygiene_points__gte=ARCHIVE_SCORE, access_count=0)
-    return archive if recommendation == "archive" else ~archive
-
-
 def _candidates_of(workspace: Workspace, rows: list[dict[str, Any]]) -> list[Candidate]:
     """Each row as a Candidate (their order kept): its ``text_reasons`` and the column reasons,
     the duplicate's older id found for these rows alone (one query). The caller filters."""
@@ -1005,15 +999,14 @@ def page(
     ask = functools.partial(
         _ranked_page, workspace, policy, patterns, start=start, recommendation=recommendation, reason=reason
     )
-    ranked, matching, listed = ask(end=end)
-    if not ranked or matching != listed:
-        # Entries to assess first, or a page past the last candidate (or an empty one):
-        # count() assesses what is missing, and the page is read again; past the end, the
-        # count comes from the first row.
-        count(workspace)
+    for attempt in range(2):
         ranked, matching, listed = ask(end=end)
-        if not ranked:
+        if not ranked:  # a page past the last candidate (or an empty one): counts from the first
             _, matching, listed = ask(start=0, end=1)
+        if matching == listed or attempt:
+            break
+        # Entries to assess come first (NULL points): count() assesses them, then read again.
+        count(workspace)
     return listed, _listed(workspace, _page_rows(ranked, patterns))
 
 
