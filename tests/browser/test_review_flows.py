@@ -13,7 +13,7 @@ pytest.importorskip("playwright", reason="the playwright package is missing: pip
 
 from playwright.sync_api import expect
 
-from tests.browser.conftest import shot, wait_live
+from tests.browser.conftest import flush_reports, shot, wait_live
 
 
 def _status_of_entry(page, slug: str, entry_id: int):
@@ -88,6 +88,49 @@ def test_paging_and_filtering_the_queue_keeps_the_queue_around_it(page, server):
     expect(heading).to_be_visible()
     expect(page.locator("#review-tabs")).to_be_visible()
     shot(page, "review-hygiene-paged")
+
+
+def test_back_to_the_queue_meets_the_policy(page, server):
+    """Back to the queue brings it back without a Content-Security-Policy violation. htmx used
+    to restore it from the snapshot it took on leaving: the body serialised as markup, with the
+    style="" attributes any script had set through the CSSOM (which the policy allows) —
+    Playwright's screenshot leaves one on every input (it hides the caret, then puts the old
+    value back), a browser extension sets its own. Parsed again, each was an inline style the
+    policy refuses: about a hundred violations on a queue page that looked right. Back now
+    loads the page from the server."""
+    refused: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
+    page.goto("/console/pager/review/?tab=hygiene")
+    wait_live(page)
+    panel = page.locator("#review-panel")
+    expect(panel).to_contain_text("Page 1 of 2")
+    shot(page, "review-before-leaving")
+    page.locator("main").evaluate("main => main.style.setProperty('outline-offset', '0px')")
+
+    # Away through the pager (htmx pushes ?page=2 in the same document), then Back.
+    page.get_by_role("link", name="Next →").click()
+    expect(panel).to_contain_text("Page 2 of 2")
+    page.go_back()
+    expect(page).to_have_url(re.compile(r"/console/pager/review/\?tab=hygiene$"))
+    expect(panel).to_contain_text("Page 1 of 2")
+    expect(page.locator("#hygiene-table tr.queue-row")).to_have_count(25)
+    wait_live(page)
+
+    # Away to another page and Back twice: the second Back returns to an address htmx pushed.
+    page.get_by_role("link", name="Next →").click()
+    expect(panel).to_contain_text("Page 2 of 2")
+    shot(page, "review-before-leaving-page-2")
+    page.get_by_role("link", name="Entries", exact=True).click()
+    page.wait_for_url("**/console/pager/entries/")
+    page.go_back()
+    expect(panel).to_contain_text("Page 2 of 2")
+    page.go_back()
+    expect(panel).to_contain_text("Page 1 of 2")
+    expect(page.get_by_role("heading", name="Review queue")).to_be_visible()
+    wait_live(page)
+
+    flush_reports(page)
+    assert not refused, f"{len(refused)} violations, the first: {refused[0]}"
 
 
 def test_reverting_a_run_from_its_page_brings_its_entries_back(page, server):
