@@ -57,6 +57,20 @@ document.addEventListener("change", (event) => {
   if (form) htmx.trigger(form, "select-changed");
 });
 
+// A form that gets (the filters of the review queue, the runs, the entries) sends only the
+// fields it has a value in: an empty one is "any", no filter, and would only clutter the
+// request and the address it pushes (?tab=hygiene&recommendation=&reason=); the server
+// reads a missing field as an empty one. Not the values of the request's own URL (a pager
+// link's), nor any other request's.
+document.addEventListener("htmx:configRequest", (event) => {
+  const detail = event.detail;
+  if (detail.verb !== "get" || !(detail.elt instanceof HTMLFormElement)) return;
+  const params = detail.parameters;
+  for (const name of Array.from(new Set(params.keys()))) {
+    if (params.getAll(name).every((value) => value === "")) params.delete(name);
+  }
+});
+
 // A live update carries every fragment any console page may show (queue counts, the dashboard's
 // panels, the header); a page shows only some of them. htmx reports an out-of-band fragment
 // whose target is absent as an error (htmx:oobErrorNoTarget): this extension of the live

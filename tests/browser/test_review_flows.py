@@ -98,6 +98,33 @@ def test_paging_and_filtering_the_queue_keeps_the_queue_around_it(page, server):
     shot(page, "review-hygiene-paged")
 
 
+def test_an_empty_filter_stays_out_of_the_address(page, server):
+    """The filter form sends only the filters chosen: "any" is no filter, so neither the
+    request nor the address it pushes names it (they carried ``recommendation=&reason=``)."""
+    page.goto("/console/pager/review/?tab=hygiene")
+    wait_live(page)
+    review = page.url.split("?", 1)[0]
+    filters = page.locator("#review-panel form.filters")
+    recommendation = filters.locator("select[name=recommendation]")
+
+    def queue(response) -> bool:
+        return "/review/" in response.url and response.request.headers.get("hx-request") == "true"
+
+    recommendation.select_option("archive")
+    with page.expect_response(queue) as answer:
+        filters.get_by_role("button", name="Filter").click()
+    assert answer.value.url == f"{review}?tab=hygiene&recommendation=archive"
+    expect(page).to_have_url(f"{review}?tab=hygiene&recommendation=archive")
+    expect(page.locator("#review-panel p.summary")).to_contain_text("matching the filters")
+
+    recommendation.select_option("")
+    with page.expect_response(queue) as answer:
+        filters.get_by_role("button", name="Filter").click()
+    assert answer.value.url == f"{review}?tab=hygiene"
+    expect(page).to_have_url(f"{review}?tab=hygiene")
+    expect(page.locator("#review-panel p.summary")).not_to_contain_text("matching the filters")
+
+
 def test_back_to_the_queue_meets_the_policy(page, server):
     """Back to the queue brings it back without a Content-Security-Policy violation. htmx used
     to restore it from the snapshot it took on leaving: the body serialised as markup, with the
