@@ -433,8 +433,6 @@ ENTRY_COLUMNS = (
     "supersedes_id",
     "is_latest",
     "importance",
-    "retention",
-    "scored_at",
     "created_at",
     "updated_at",
 )
@@ -551,8 +549,6 @@ class RowGen:
                     None,
                     True,
                     0.0,
-                    1.0,
-                    None,
                     created,
                     changed if status != "active" else (last_access or created),
                 )
@@ -805,11 +801,9 @@ def _drop_workspace(ws: Any) -> None:
             "memory_tombstone",
             "memory_lifecycleevent",
         ]
-        c.execute(
-            "DELETE FROM memory_entry_tags "
-            "WHERE entry_id IN (SELECT id FROM memory_entry WHERE workspace_id = %s)",
-            [ws.pk],
-        )
+        for table in ("memory_entry_tags", "memory_entryscore"):
+            ids = "SELECT id FROM memory_entry WHERE workspace_id = %s"
+            c.execute(f"DELETE FROM {table} WHERE entry_id IN ({ids})", [ws.pk])
         for table in order[1:]:
             if table in tables:
                 c.execute(f"DELETE FROM {table} WHERE workspace_id = %s", [ws.pk])
@@ -912,7 +906,7 @@ def _generate_postgresql(
         # vacuumed production table looks like (and what makes index-only scans possible).
         c.execute("SET maintenance_work_mem = '512MB'")
         c.execute("VACUUM FULL memory_entry")
-        for table in LOADED_TABLES:
+        for table in (*LOADED_TABLES, "memory_entryscore"):  # the scores: written by refresh_scores
             c.execute(f"VACUUM ANALYZE {table}")
     phases["VACUUM FULL + ANALYZE"] = time.perf_counter() - t
     return phases, counts
@@ -1023,7 +1017,7 @@ def ensure_many(
         if (k + 1) % 20 == 0:
             progress(f"{k + 1}/{workspaces} workspaces ({time.perf_counter() - t:.0f} s)")
     with connection.cursor() as c:
-        for table in LOADED_TABLES:
+        for table in (*LOADED_TABLES, "memory_entryscore"):  # the scores: written by refresh_scores
             c.execute(f"VACUUM ANALYZE {table}")
     progress(
         f"generated {workspaces} x {n:,} entries in {time.perf_counter() - t:.1f} s"

@@ -313,7 +313,6 @@ CHECKSUM_COLUMNS = (
     "content_hash",
     "updated_at",
     "importance",
-    "retention",
 )
 
 

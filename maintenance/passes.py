@@ -42,6 +42,7 @@ from memory.models import (
     Workspace,
     held,
     protected,
+    stored_retention,
 )
 
 BATCH_SIZE = 500
@@ -106,14 +107,15 @@ def latest(ctx: RunContext) -> QuerySet[Entry]:
 
 
 def _score_of(ctx: RunContext, column: str) -> Any:
+    stored = F(column) if column == "importance" else stored_retention()
     if not ctx.planning:
-        return F(column)
+        return stored
     from maintenance.models import PlanScore
 
     # An entry the plan's score pass did not score (written during the plan, or rescored in
     # place since) has its stored value, as it has in the apply.
     planned = PlanScore.objects.filter(entry_id=OuterRef("pk")).values(column)[:1]
-    return Coalesce(Subquery(planned), F(column))
+    return Coalesce(Subquery(planned), stored)
 
 
 def importance_of(ctx: RunContext) -> Any:

@@ -42,6 +42,7 @@ from memory.models import (
     Tier,
     Workspace,
     protected,
+    stored_retention,
 )
 from memory.services import neighbour_ids
 
@@ -81,7 +82,6 @@ _ENTRY_VALUES = (
     "pk",
     "status",
     "importance",
-    "retention",
     "access_count",
     "last_accessed_at",
     "created_at",
@@ -181,7 +181,7 @@ def _rows(
     )
     for chunk in _chunks(ids):
         qs = Entry.objects.filter(workspace=workspace, pk__in=list(chunk), is_latest=True).exclude(rule)
-        for row in qs.values(*_ENTRY_VALUES):
+        for row in qs.values(*_ENTRY_VALUES, retention=stored_retention()):
             found[row["pk"]] = row
     return found
 
@@ -493,7 +493,7 @@ def _close(
     tagged: set[int] = set()
     if not keep_open:
         for chunk in _chunks(rest):
-            rows.update((e.pk, e) for e in Entry.objects.filter(pk__in=list(chunk)))
+            rows.update((e.pk, e) for e in Entry.objects.filter(pk__in=list(chunk)).select_related("score"))
             if policy.exclude_tags:
                 tagged.update(
                     Entry.tags.through.objects.filter(

@@ -40,6 +40,7 @@ from memory.models import (
     CodeAnchor,
     Entry,
     EntryAccess,
+    EntryScore,
     Relationship,
     Status,
     Workspace,
@@ -309,15 +310,55 @@ def refresh_scores(
     scored = 0
     for batch in batches:
         with transaction.atomic():
-            scored += base.filter(pk__any_of=batch).update(
-                importance=importance_expr(now_epoch, live_since),
-                retention=retention_expr(now_epoch, params),
-                scored_at=now,
-            )
+            rows = base.filter(pk__any_of=batch)
+            _write_importance(rows, now_epoch, live_since)
+            scored += _write_retention(rows, now_epoch, params, now)
             _forget_planned(batch)
         if on_batch is not None:
             on_batch()
     return scored
+
+
+def _write_importance(rows: QuerySet[Entry], now_epoch: float, live_since: datetime | None) -> None:
+    """Store the importance of ``rows`` where it changed: one statement. An unchanged row is
+    not written (most entries past the age term's reach keep theirs from sweep to sweep)."""
+    select = rows.annotate(s_id=F("pk"), new_importance=importance_expr(now_epoch, live_since))
+    sql, params = select.order_by().values_list("s_id", "new_importance").query.sql_with_params()
+    e, pk, importance = rawsql.table(Entry), rawsql.quote("id"), rawsql.column(Entry, "importance")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {e} SET {importance} = s.new_importance FROM ({sql}) s"
+            f" WHERE {e}.{pk} = s.s_id AND {e}.{importance} <> s.new_importance",
+            params,
+        )
+
+
+def _write_retention(rows: QuerySet[Entry], now_epoch: float, params: DecayParams, now: datetime) -> int:
+    """Store the retention of ``rows`` and when it was computed in their narrow ``EntryScore``
+    rows (made where missing): one statement. Returns how many rows were scored."""
+    select = rows.annotate(s_id=F("pk"), new_retention=retention_expr(now_epoch, params))
+    sql, sql_params = select.order_by().values_list("s_id", "new_retention").query.sql_with_params()
+    with connection.cursor() as cursor:
+        # "WHERE true": SQLite would read "ON CONFLICT" as a join's ON without it.
+        cursor.execute(
+            _upsert_scores(f"SELECT s.s_id, s.new_retention, %s FROM ({sql}) s WHERE true"),
+            [connection.ops.adapt_datetimefield_value(now), *sql_params],
+        )
+        return cursor.rowcount
+
+
+SCORE_FIELDS = ("entry", "retention", "scored_at")
+
+
+def _upsert_scores(rows: str) -> str:
+    """INSERT ``rows`` (entry id, retention, scored_at) into ``EntryScore``, overwriting the
+    scores of an entry that has its row already."""
+    entry_id, retention, scored_at = (rawsql.column(EntryScore, n) for n in SCORE_FIELDS)
+    return (
+        f"INSERT INTO {rawsql.table(EntryScore)} ({entry_id}, {retention}, {scored_at}) {rows}"
+        f" ON CONFLICT ({entry_id}) DO UPDATE"
+        f" SET {retention} = excluded.{retention}, {scored_at} = excluded.{scored_at}"
+    )
 
 
 def _pk_batches(qs: QuerySet[Entry], size: int) -> Iterable[list[int]]:
@@ -368,7 +409,7 @@ _RESCORE_INPUTS = (
 
 
 @functools.cache
-def _rescore_sql(vendor: str, count: int) -> tuple[str, str]:
+def _rescore_sql(vendor: str, count: int) -> tuple[str, str, str]:
     """The read (inputs of ``count`` latest entries, their counted links, anchor statuses and
     readers; rows locked in id order where the database can) and the write of
     ``_rescore_in_python``, written once: compiling them through the ORM on every write cost
@@ -411,11 +452,10 @@ def _rescore_sql(vendor: str, count: int) -> tuple[str, str]:
         f" WHERE {c(Entry, 'workspace', 'e')} = %s AND {c(Entry, 'is_latest', 'e')}"
         f" AND e.{pk} IN ({marks}) ORDER BY e.{pk}" + (" FOR UPDATE OF e" if vendor == "postgresql" else "")
     )
-    write = (
-        f"UPDATE {e} SET {rawsql.column(Entry, 'importance')} = %s, {rawsql.column(Entry, 'retention')} = %s,"
-        f" {rawsql.column(Entry, 'scored_at')} = %s WHERE {pk} = %s"
-    )
-    return read, write
+    importance = rawsql.column(Entry, "importance")
+    # The importance where it changed (as _write_importance), the narrow row always.
+    write_importance = f"UPDATE {e} SET {importance} = %s WHERE {pk} = %s AND {importance} <> %s"
+    return read, write_importance, _upsert_scores("VALUES (%s, %s, %s)")
 
 
 def _rescore_in_python(
@@ -424,7 +464,7 @@ def _rescore_in_python(
     # The rows are locked (in id order) before their inputs are read: a concurrent write that
     # rescores one of them waits, then reads what this transaction committed, as it would
     # behind the SQL refresh's UPDATE. (SQLite serialises writes anyway.)
-    read, write = _rescore_sql(connection.vendor, len(id_list))
+    read, write_importance, write_score = _rescore_sql(connection.vendor, len(id_list))
     with connection.cursor() as cursor:
         cursor.execute(read, [workspace.pk, *id_list])
         rows = cursor.fetchall()
@@ -432,7 +472,8 @@ def _rescore_in_python(
         return 0
     now_epoch = now.timestamp()
     stored = connection.ops.adapt_datetimefield_value(now)
-    updates = []
+    updates: list[tuple[float, int, float]] = []
+    scores: list[tuple[int, float, Any]] = []
     n = len(_RESCORE_INPUTS)
     for row in rows:
         e = dict(zip(_RESCORE_INPUTS, rawsql.from_db_row(Entry, _RESCORE_INPUTS, row[:n]), strict=True))
@@ -463,10 +504,12 @@ def _rescore_in_python(
             readers=readers,
             params=params,
         )
-        updates.append((importance, retention, stored, e["id"]))
+        updates.append((importance, e["id"], importance))
+        scores.append((e["id"], retention, stored))
     with connection.cursor() as cursor:
-        if len(updates) == 1:  # psycopg's executemany sets up a pipeline: dearer for one row
-            cursor.execute(write, updates[0])
-        else:
-            cursor.executemany(write, updates)
+        for write, values in ((write_importance, updates), (write_score, scores)):
+            if len(values) == 1:  # psycopg's executemany sets up a pipeline: dearer for one row
+                cursor.execute(write, values[0])
+            else:
+                cursor.executemany(write, values)
     return len(updates)

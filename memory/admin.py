@@ -158,7 +158,7 @@ class EntryAdmin(admin.ModelAdmin):
         "staged_class",
     ]
     search_fields = ["title", "content", "external_id", "project", "session_key"]
-    list_select_related = ["workspace"]
+    list_select_related = ["workspace", "score"]
     raw_id_fields = ["supersedes"]
     filter_horizontal = ["tags"]
     # Content, versions and status change only through the services (a new version, an event);

@@ -405,6 +405,7 @@ def entry_page(workspace: Workspace, entry_id: int, *, now: datetime, events_pag
     )
     found: Any = (
         Entry.objects.filter(workspace=workspace, pk=entry_id)
+        .select_related("score")
         .annotate(
             live_links=relationship_count_expr(),
             live_causal=relationship_count_expr(causal_only=True),

@@ -13,7 +13,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models import BooleanField, Exists, Expression, F, OuterRef, Q
+from django.db.models import BooleanField, Exists, Expression, F, OuterRef, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 CONTENT_MAX = 50_000
@@ -426,10 +427,11 @@ class Entry(models.Model):
     )
     is_latest = models.BooleanField(default=True)
 
-    # Stored scores (refreshed by sweeps and by every write that changes an input).
+    # Stored importance (refreshed by sweeps and by every write that changes an input, written
+    # only where it changed). Retention and when the scores were computed live in the narrow
+    # ``EntryScore`` row: they change on every sweep, and rewriting this wide row for them
+    # wrote a new entry into each of its indexes (``retention``, ``scored_at`` below).
     importance = models.FloatField(default=0.0)
-    retention = models.FloatField(default=1.0)
-    scored_at = models.DateTimeField(null=True, blank=True)
 
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -542,12 +544,57 @@ class Entry(models.Model):
         self.__dict__.pop("_tag_names", None)  # attached by a page read; may be stale now
         super().refresh_from_db(*args, **kwargs)
 
+    def _score(self) -> EntryScore | None:
+        try:
+            return self.score
+        except EntryScore.DoesNotExist:  # never scored (a bulk load, a restore: until a sweep)
+            return None
+
+    @property
+    def retention(self) -> float:
+        """The stored retention (``EntryScore``); ``RETENTION_UNSCORED`` before the first
+        scoring. A page of entries loads it with ``select_related("score")``."""
+        score = self._score()
+        return RETENTION_UNSCORED if score is None else score.retention
+
+    @property
+    def scored_at(self) -> datetime | None:
+        """When the stored scores were last computed (None: never)."""
+        score = self._score()
+        return None if score is None else score.scored_at
+
     @property
     def tag_names(self) -> list[str]:
         """Tag names by name: those ``memory.selectors.with_tag_names`` attached to a page at
         once, else the prefetched tags, else a query."""
         attached = self.__dict__.get("_tag_names")
         return attached if attached is not None else [tag.name for tag in self.tags.all()]
+
+
+RETENTION_UNSCORED = 1.0  # an entry's retention before its first scoring (a fresh memory's)
+
+
+def stored_retention() -> Coalesce:
+    """An entry's stored retention in a query: its ``EntryScore`` row's (a join), else
+    ``RETENTION_UNSCORED``."""
+    return Coalesce(F("score__retention"), Value(RETENTION_UNSCORED))
+
+
+class EntryScore(models.Model):
+    """An entry's retention and when its scores were last computed, beside the wide entry row.
+
+    A sweep recomputes every latest entry's scores; retention changes every time (it decays
+    with age). Kept on ``memory_entry``, each refresh rewrote the whole row and, the row being
+    indexed fourteen times, added an entry to each index. Here a refresh writes this narrow
+    row, and the entry row only where its importance changed. No row: never scored
+    (``RETENTION_UNSCORED``)."""
+
+    entry = models.OneToOneField(Entry, on_delete=models.CASCADE, primary_key=True, related_name="score")
+    retention = models.FloatField(default=RETENTION_UNSCORED)
+    scored_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"scores of entry {self.entry_id}: retention {self.retention:.3f}"
 
 
 class EntryAccess(models.Model):

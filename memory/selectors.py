@@ -31,6 +31,7 @@ from memory.models import (
     Tombstone,
     Workspace,
     count_index,
+    stored_retention,
     visible_statuses,
 )
 
@@ -142,10 +143,10 @@ def workspace_summaries(user: Any) -> list[dict[str, Any]]:
 
 # --- entries (the API's reads) ----------------------------------------------------------------
 
-ENTRY_SORTS: dict[str, tuple[str, ...]] = {
+ENTRY_SORTS: dict[str, tuple[Any, ...]] = {
     "importance": ("-importance", "-id"),
     "recent": ("-created_at", "-id"),
-    "retention": ("-retention", "-id"),
+    "retention": (stored_retention().desc(), "-id"),
 }
 # The sorts whose list repeats the condition of ``entry_by_importance`` (``on_index``), so that
 # SQLite may read an index in the sort's order: importance reads that index; recent reads
@@ -199,7 +200,7 @@ def entry_list(workspace: Workspace, *, sort: str = "importance", **filters: Any
     qs, _statuses = _entry_rows(workspace, **filters)
     if sort in ENTRY_SORTS_ON_INDEX:  # every visible entry is in it: no row changes
         qs = qs.on_index("entry_by_importance")
-    return qs.order_by(*ENTRY_SORTS[sort])
+    return qs.select_related("score").order_by(*ENTRY_SORTS[sort])
 
 
 def entry_list_counted(workspace: Workspace, **filters: Any) -> QuerySet[Entry]:
@@ -274,6 +275,7 @@ def entry_detail(workspace: Workspace, entry_id: int, *, now: datetime) -> Entry
     ).values("status")[:1]
     entry = (
         Entry.objects.filter(workspace=workspace, pk=entry_id)
+        .select_related("score")
         .annotate(lineage_status=Subquery(lineage_status))
         .prefetch_related(Prefetch("anchors", queryset=CodeAnchor.objects.order_by("pk")))
         .first()

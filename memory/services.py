@@ -40,6 +40,7 @@ from memory.models import (
     CodeAnchor,
     Entry,
     EntryAccess,
+    EntryScore,
     EntryType,
     FeedbackSignal,
     HoldReason,
@@ -585,9 +586,10 @@ def entry_create(
             created_at=created,
             updated_at=now,
             status_changed_at=created,
-            **scores,
+            importance=scores["importance"],
             **values,
         )
+        entry.score = EntryScore(retention=scores["retention"], scored_at=now)
         tags_found = _existing_tags(workspace, tag_names)
         event = {"from_status": "", "to_status": entry.status, "reason": "create", "actor": actor, "now": now}
         try:
@@ -655,6 +657,8 @@ def _insert(
     if entry.lineage_id is None:  # SQLite: the id is known once the row exists
         entry.lineage_id = entry.pk
         Entry.objects.filter(pk=entry.pk).update(lineage_id=entry.pk)
+    entry.score.entry = entry
+    entry.score.save(force_insert=True)
     if tag_rows:  # a new entry has no tags yet: insert the links without tags.set()'s diff
         Entry.tags.through.objects.bulk_create(
             [Entry.tags.through(entry_id=entry.pk, tag_id=tag.pk) for tag in tag_rows]
@@ -701,6 +705,7 @@ def _insert_in_one_statement(
         ([a.row(entry) for a in anchors], {"entry_id": created}),
         (list(links), {"from_entry_id": created}),
         ([new_event(entry, **event)], {"entry_id": created, "entry_ref": created}),
+        ([entry.score], {"entry_id": created}),
     ]
     for i, (rows, computed) in enumerate(group for group in groups if group[0]):
         tuples = []
@@ -748,7 +753,7 @@ def _new_entry_scores(
     link_types: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Stored scores of a new entry (never accessed) created with links of ``link_types``,
-    each to a distinct live latest target."""
+    each to a distinct live latest target: its importance and its retention."""
     worst = scoring.worst_anchor(a.status for a in anchors)
     age = (now - created).total_seconds() / 86400
     params = write_policy(workspace).decay_params
@@ -771,7 +776,6 @@ def _new_entry_scores(
             readers=0,
             params=params,
         ),
-        "scored_at": now,
     }
 
 

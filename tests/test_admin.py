@@ -33,6 +33,7 @@ NOT_DOMAIN = {
     "maintenance.PlanScore",
     "maintenance.PlanStatus",
     "maintenance.HygieneAssessment",
+    "memory.EntryScore",  # derived scores, shown read-only on the entry's own admin page
 }
 DOMAIN_MODELS = sorted(
     (

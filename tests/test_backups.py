@@ -972,7 +972,6 @@ def test_overwritten_columns_of_every_type_come_back_exactly(workspace, now, mon
     later = now + timedelta(hours=2)
     Entry.objects.filter(pk__in=[e.pk for e in entries[:2]]).update(
         importance=1,
-        retention=0.123456789,
         metadata={"changed": [1, 2.5, None], "deep": {"k": "v"}},
         pinned=True,
         access_count=7,

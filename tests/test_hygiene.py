@@ -37,6 +37,7 @@ from maintenance.revert import revert_run
 from maintenance.runs import run_maintenance
 from memory import services
 from memory.models import Entry, LifecycleEvent
+from tests.helpers_scores import set_scores
 
 pytestmark = pytest.mark.django_db
 
@@ -689,7 +690,7 @@ def test_apply_archives_only_fresh_candidates(workspace, other_workspace, now):
 def test_apply_refreshes_scores_of_the_archived_and_their_neighbours(workspace, now):
     target = make(workspace, now, GOOD + " neighbour")
     junk = services.entry_create(workspace=workspace, content=JUNK, links=[{"to_id": target.pk}], now=now)
-    Entry.objects.filter(pk=target.pk).update(scored_at=None)
+    set_scores([target.pk], scored_at=None)
     hygiene.apply(workspace, [junk.pk], actor="user:ann", now=now + timedelta(hours=1))
     assert Entry.objects.get(pk=target.pk).scored_at == now + timedelta(hours=1)
 

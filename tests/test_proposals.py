@@ -20,6 +20,7 @@ from maintenance.tasks import run_scheduled
 from memory import journal, services
 from memory.errors import Conflict, InvalidInput
 from memory.models import Entry, LifecycleEvent, Status
+from tests.helpers_scores import set_scores
 
 pytestmark = pytest.mark.django_db
 
@@ -502,7 +503,7 @@ def test_explaining_skipped_proposals_costs_no_query_per_entry(
 ):
     cold = [make(propose_workspace, age_days=150 + i) for i in range(30)]
     run(propose_workspace)
-    Entry.objects.filter(pk__in=[e.pk for e in cold]).update(retention=0.9)  # warm again
+    set_scores([e.pk for e in cold], retention=0.9)  # warm again
     policy(propose_workspace, exclude_tags=["keep"])
     with django_assert_max_num_queries(30):
         done = proposals.approve(propose_workspace, all=True, actor="user:ops", now=NOW)

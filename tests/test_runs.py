@@ -12,6 +12,7 @@ from maintenance.models import MaintenancePolicy, MaintenanceRun
 from maintenance.runs import COUNT_KEYS, decay_result, prune_result, run_maintenance
 from memory import journal, services
 from memory.models import Entry, LifecycleEvent, Relationship, Tombstone
+from tests.helpers_scores import set_scores
 
 pytestmark = pytest.mark.django_db
 
@@ -291,7 +292,7 @@ def test_the_plan_decides_on_fresh_scores_without_rewriting_the_stored_ones(work
     # Retention e^(−0.02 × 200) ≈ 0.02 at `now`; importance 0.45 × 0.3 × 1.5 ≈ 0.2: not archived.
     cold = make(workspace, now, age_days=200, impact_score=0.45, validation_status="passed")
     # Stored scores that say otherwise (as if last refreshed long ago): the run must not use them.
-    Entry.objects.filter(pk__in=[low.pk, cold.pk]).update(importance=0.9, retention=0.9)
+    set_scores([low.pk, cold.pk], importance=0.9, retention=0.9)
     with CaptureQueriesContext(connection) as plan:
         dry = run(workspace, now, dry_run=True)
     rescored = [q["sql"] for q in plan.captured_queries if 'SET "importance"' in q["sql"]]

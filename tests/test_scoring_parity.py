@@ -15,6 +15,7 @@ from maintenance.scoring import DecayParams, importance, retention
 from maintenance.scoring_db import FEW_IDS, refresh_scores, rescore
 from memory import services
 from memory.models import CAUSAL_TYPES, CodeAnchor, Entry, EntryAccess, Relationship, Workspace
+from tests.helpers_scores import set_scores
 
 pytestmark = pytest.mark.django_db
 
@@ -206,7 +207,7 @@ def test_sql_scores_match_python_to_1e_9(seed, size, params, now):
     stored = dict(
         (pk, (imp, ret))
         for pk, imp, ret in Entry.objects.filter(workspace=workspace, is_latest=True).values_list(
-            "pk", "importance", "retention"
+            "pk", "importance", "score__retention"
         )
     )
     assert stored.keys() == expected.keys()
@@ -218,7 +219,7 @@ def test_sql_scores_match_python_to_1e_9(seed, size, params, now):
 def test_old_versions_are_not_rescored(workspace, now):
     entry = services.entry_create(workspace=workspace, content="first")
     new = services.entry_update(workspace=workspace, entry_id=entry.pk, content="second").entry
-    Entry.objects.filter(pk=entry.pk).update(importance=0.123, retention=0.456)
+    set_scores([entry.pk], importance=0.123, retention=0.456)
     refresh_scores(workspace, now=now + timedelta(days=400))
     old = Entry.objects.get(pk=entry.pk)
     assert (old.importance, old.retention) == (0.123, 0.456)
@@ -228,7 +229,7 @@ def test_old_versions_are_not_rescored(workspace, now):
 def test_refresh_is_scoped_to_one_workspace(workspace, other_workspace, now):
     mine = services.entry_create(workspace=workspace, content="mine")
     theirs = services.entry_create(workspace=other_workspace, content="theirs")
-    Entry.objects.filter(pk=theirs.pk).update(importance=0.777, scored_at=None)
+    set_scores([theirs.pk], importance=0.777, scored_at=None)
     assert refresh_scores(workspace, now=now) == 1
     theirs.refresh_from_db()
     assert (theirs.importance, theirs.scored_at) == (0.777, None)
@@ -344,7 +345,11 @@ def test_a_few_ids_are_rescored_in_python_to_the_values_sql_stores(workspace, no
     links = [_link_spec(rnd) for _ in range(160)]
     _build(workspace, specs, links, now)
     params = DecayParams(lam=0.02, sigma=0.3, mu=0.05, breadth_weight=0.4, salience_default=0.8)
-    Entry.objects.filter(workspace=workspace).update(importance=-1.0, retention=-1.0)
+    set_scores(
+        Entry.objects.filter(workspace=workspace).values_list("pk", flat=True),
+        importance=-1.0,
+        retention=-1.0,
+    )
     every = list(Entry.objects.filter(workspace=workspace).values_list("pk", "is_latest"))
     chosen = rnd.sample([pk for pk, _ in every], FEW_IDS)  # old versions among them are skipped
 
@@ -356,7 +361,7 @@ def test_a_few_ids_are_rescored_in_python_to_the_values_sql_stores(workspace, no
     stored = dict(
         (pk, (imp, ret))
         for pk, imp, ret in Entry.objects.filter(workspace=workspace).values_list(
-            "pk", "importance", "retention"
+            "pk", "importance", "score__retention"
         )
     )
     for pk in chosen:
