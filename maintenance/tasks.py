@@ -64,7 +64,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -118,56 +118,83 @@ COMPLETED_STATUSES = (RunStatus.SUCCEEDED, RunStatus.PROPOSED, RunStatus.BLOCKED
 
 @dataclass(frozen=True)
 class RunHistory:
-    """What the dispatcher needs to know about one workspace's past runs (``last_decay_started``:
-    of a decay sweep or of a full run, which sweeps too)."""
+    """What the schedule needs to know about one workspace's past runs (``last_decay_started``:
+    of a decay sweep or of a full run, which sweeps too; ``last_full_failed``: the start of a
+    full run that failed within ``FULL_HOLD_OFF``). Read by ``run_history`` for the
+    dispatcher and for the dashboard's "next runs" alike."""
 
     last_decay_started: datetime | None
     last_full_finished: datetime | None
     full_running: bool
-    full_failed_recently: bool
+    last_full_failed: datetime | None
+
+    @classmethod
+    def of(cls, workspace: Any) -> RunHistory:
+        """The history of a workspace read with ``run_history``'s annotations."""
+        return cls(**{f.name: getattr(workspace, f.name) for f in fields(cls)})
+
+
+def run_history(now: datetime) -> dict[str, Any]:
+    """Annotations of a Workspace query that make its ``RunHistory``: one indexed ``LIMIT 1`` or
+    ``EXISTS`` each over the workspace's non-dry runs."""
+    runs = MaintenanceRun.objects.filter(workspace=OuterRef("pk"), dry_run=False)
+    full = runs.filter(kind=RunKind.FULL)
+    recent_full = full.filter(started_at__gt=now - FULL_HOLD_OFF)
+    return {
+        # A full run sweeps too (unless the lease turned it away).
+        "last_decay_started": Subquery(
+            runs.filter(Q(kind=RunKind.DECAY) | Q(kind=RunKind.FULL) & ~Q(status=RunStatus.SKIPPED))
+            .order_by("-started_at")
+            .values("started_at")[:1]
+        ),
+        "last_full_finished": Subquery(
+            full.filter(status__in=COMPLETED_STATUSES, finished_at__isnull=False)
+            .order_by("-finished_at")
+            .values("finished_at")[:1]
+        ),
+        # A full run queued by the API or the console counts as in progress too.
+        "full_running": Exists(recent_full.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])),
+        "last_full_failed": Subquery(
+            recent_full.filter(status=RunStatus.FAILED).order_by("-started_at").values("started_at")[:1]
+        ),
+    }
+
+
+def due_at(history: RunHistory, policy: PolicyValues) -> tuple[datetime | None, datetime | None]:
+    """When the next full run and the next decay sweep are due (None: as soon as the
+    dispatcher passes), by the rules of the module docstring; while a full run is in progress
+    neither is started."""
+    full_after = [
+        *(
+            [history.last_full_finished + timedelta(hours=policy.maintenance_interval_hours)]
+            if history.last_full_finished is not None
+            else []
+        ),
+        *([history.last_full_failed + FULL_HOLD_OFF] if history.last_full_failed is not None else []),
+    ]
+    decay = (
+        None
+        if history.last_decay_started is None
+        else history.last_decay_started + timedelta(seconds=policy.decay_interval_seconds)
+    )
+    return max(full_after, default=None), decay
 
 
 def due_kinds(*, history: RunHistory, policy: PolicyValues, now: datetime) -> list[str]:
     """The run kinds due for one workspace (pure: the rules of the module docstring)."""
-    kinds: list[str] = []
     if history.full_running:
-        return kinds
-    full_every = timedelta(hours=policy.maintenance_interval_hours)
-    if not history.full_failed_recently and (
-        history.last_full_finished is None or now - history.last_full_finished >= full_every
-    ):
+        return []
+    full, decay = due_at(history, policy)
+    if full is None or full <= now:
         return [RunKind.FULL.value]  # it does the decay passes too: a sweep beside it would meet its lease
-    decay_every = timedelta(seconds=policy.decay_interval_seconds)
-    if history.last_decay_started is None or now - history.last_decay_started >= decay_every:
-        kinds.append(RunKind.DECAY.value)
-    return kinds
+    if decay is None or decay <= now:
+        return [RunKind.DECAY.value]
+    return []
 
 
 def _workspaces_with_history(now: datetime) -> list[Workspace]:
     """Every workspace with its policy row and its RunHistory columns, in one query."""
-    runs = MaintenanceRun.objects.filter(workspace=OuterRef("pk"), dry_run=False)
-    full = runs.filter(kind=RunKind.FULL)
-    recent_full = full.filter(started_at__gt=now - FULL_HOLD_OFF)
-    return list(
-        Workspace.objects.select_related("policy")
-        .annotate(
-            # A full run sweeps too (unless the lease turned it away).
-            last_decay_started=Subquery(
-                runs.filter(Q(kind=RunKind.DECAY) | Q(kind=RunKind.FULL) & ~Q(status=RunStatus.SKIPPED))
-                .order_by("-started_at")
-                .values("started_at")[:1]
-            ),
-            last_full_finished=Subquery(
-                full.filter(status__in=COMPLETED_STATUSES, finished_at__isnull=False)
-                .order_by("-finished_at")
-                .values("finished_at")[:1]
-            ),
-            # A full run queued by the API or the console counts as in progress too.
-            full_running=Exists(recent_full.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])),
-            full_failed_recently=Exists(recent_full.filter(status=RunStatus.FAILED)),
-        )
-        .order_by("pk")
-    )
+    return list(Workspace.objects.select_related("policy").annotate(**run_history(now)).order_by("pk"))
 
 
 def _policy(workspace: Workspace) -> PolicyValues:
@@ -294,13 +321,7 @@ def _dispatch(now: datetime) -> dict[str, Any]:
     queued = queued_runs()
     enqueued: list[dict[str, str]] = []
     for workspace in workspaces:
-        history = RunHistory(
-            last_decay_started=workspace.last_decay_started,  # type: ignore[attr-defined]
-            last_full_finished=workspace.last_full_finished,  # type: ignore[attr-defined]
-            full_running=workspace.full_running,  # type: ignore[attr-defined]
-            full_failed_recently=workspace.full_failed_recently,  # type: ignore[attr-defined]
-        )
-        for kind in due_kinds(history=history, policy=_policy(workspace), now=now):
+        for kind in due_kinds(history=RunHistory.of(workspace), policy=_policy(workspace), now=now):
             if (workspace.pk, kind) in queued:
                 continue
             async_task(

@@ -15,7 +15,6 @@ from typing import Any
 from django.core.paginator import Page, Paginator
 from django.db.models import (
     Count,
-    Exists,
     F,
     IntegerField,
     Max,
@@ -33,16 +32,14 @@ from django_q.models import Schedule
 from maintenance import scoring
 from maintenance.models import (
     MaintenancePolicy,
-    MaintenanceRun,
     Proposal,
     ProposalStatus,
     RunKind,
-    RunStatus,
 )
 from maintenance.policy import PolicyValues
 from maintenance.schedules import SCHEDULES
 from maintenance.scoring_db import relationship_count_expr
-from maintenance.tasks import COMPLETED_STATUSES, FULL_HOLD_OFF
+from maintenance.tasks import RunHistory, due_at, run_history
 from memory import selectors
 from memory.errors import NotFound
 from memory.models import (
@@ -224,31 +221,14 @@ def _dispatch_minutes() -> int:
 
 
 def next_runs(workspace: Workspace, *, now: datetime) -> RunSchedule:
-    """The next scheduled full run and decay sweep, by the dispatcher's own rules (one query):
-    a full run is due ``maintenance_interval_hours`` after the last completed non-dry full run
-    finished (at once if there is none), not while one is running, and not within an hour of a
-    failed one; a decay sweep ``decay_interval_seconds`` after the last non-dry one started.
-    Either starts at the first dispatcher pass at or after that time."""
-    runs = MaintenanceRun.objects.filter(workspace=OuterRef("pk"), dry_run=False)
-    full = runs.filter(kind=RunKind.FULL)
-    recent_full = full.filter(started_at__gt=now - FULL_HOLD_OFF)
+    """The next scheduled full run and decay sweep, by the dispatcher's own rules and history
+    (``maintenance.tasks.run_history`` and ``due_at``; one query). Either starts at the first
+    dispatcher pass at or after that time."""
     row: Any = (
         Workspace.objects.filter(pk=workspace.pk)
         .select_related("policy")
         .annotate(
-            last_decay_started=Subquery(
-                runs.filter(kind=RunKind.DECAY).order_by("-started_at").values("started_at")[:1]
-            ),
-            last_full_finished=Subquery(
-                full.filter(status__in=COMPLETED_STATUSES, finished_at__isnull=False)
-                .order_by("-finished_at")
-                .values("finished_at")[:1]
-            ),
-            # A full run queued by the API or the console counts as in progress (the dispatcher's rule).
-            full_running=Exists(recent_full.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])),
-            last_full_failed=Subquery(
-                recent_full.filter(status=RunStatus.FAILED).order_by("-started_at").values("started_at")[:1]
-            ),
+            **run_history(now),
             dispatch_next=Subquery(
                 Schedule.objects.filter(name=DISPATCH_SCHEDULE).order_by("pk").values("next_run")[:1]
             ),
@@ -261,28 +241,25 @@ def next_runs(workspace: Workspace, *, now: datetime) -> RunSchedule:
         policy = PolicyValues()
     minutes = _dispatch_minutes()
     every = f"the dispatcher checks every {minutes} minutes"
-    if row.full_running:
+    history = RunHistory.of(row)
+    if history.full_running:
         full_next = NextRun(RunKind.FULL, "running", None, "a full run is in progress")
         decay_next = NextRun(RunKind.DECAY, "waiting", None, "waits for the full run, which decays too")
     else:
-        limits = []
-        if row.last_full_finished is not None:
-            limits.append(row.last_full_finished + timedelta(hours=policy.maintenance_interval_hours))
-        if row.last_full_failed is not None:
-            limits.append(row.last_full_failed + FULL_HOLD_OFF)
-        full_due = max(limits) if limits else None
+        full_due, decay_due = due_at(history, policy)
         full_note = (
             f"every {policy.maintenance_interval_hours} h after the last completed full run; {every}"
-            if row.last_full_finished is not None
+            if history.last_full_finished is not None
             else f"no full run has completed yet; {every}"
         )
         full_next = _next(RunKind.FULL, full_due, now, full_note)
-        decay_due = (
-            row.last_decay_started + timedelta(seconds=policy.decay_interval_seconds)
-            if row.last_decay_started is not None
-            else None
-        )
-        decay_next = _next(RunKind.DECAY, decay_due, now, f"every {policy.decay_interval_seconds} s; {every}")
+        decay_note = f"every {policy.decay_interval_seconds} s after the last sweep or full run; {every}"
+        if full_next.state == "due":  # the dispatcher enqueues the full run alone: it sweeps too
+            decay_next = NextRun(
+                RunKind.DECAY, "due", full_due, "with the full run that is due, which decays too"
+            )
+        else:
+            decay_next = _next(RunKind.DECAY, decay_due, now, decay_note)
     dispatch_next = row.dispatch_next
     return RunSchedule(
         full=full_next,

@@ -23,6 +23,7 @@ from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunSt
 from maintenance.policy import PolicyValues
 from maintenance.schedules import SCHEDULES, ScheduleSpec, sync_schedules
 from memory import services
+from memory.models import Workspace
 
 pytestmark = pytest.mark.django_db
 
@@ -248,6 +249,43 @@ def test_a_full_run_counts_as_a_sweep_unless_the_lease_turned_it_away(workspace,
     # With an earlier full run completed (no full run due), the skipped one did not sweep.
     record_run(workspace, RunKind.FULL, started=now - timedelta(hours=2), finished=now - timedelta(hours=1))
     assert kinds_enqueued(tasks.dispatch_due_maintenance(now=now), workspace) == ["decay"]
+
+
+@pytest.mark.parametrize(
+    "history",
+    ["none", "full_just_ran", "full_skipped", "decay_ran", "full_failed", "full_running"],
+)
+def test_the_dashboard_shows_the_times_the_dispatcher_acts_on(workspace, now, history):
+    """The console's "next runs" and the dispatcher read one history and one rule: at every
+    minute of the next day, a kind the dashboard shows as due is what the dispatcher enqueues
+    (a full run alone: it sweeps too), and nothing else."""
+    from memory.console_selectors import next_runs
+
+    hour = timedelta(hours=1)
+    record_run(workspace, RunKind.FULL, started=now - 30 * hour, finished=now - 29 * hour)
+    if history == "full_just_ran":  # it swept: the dashboard once showed the sweep as due
+        record_run(workspace, RunKind.FULL, started=now - timedelta(minutes=3), finished=now)
+    elif history == "full_skipped":
+        record_run(workspace, RunKind.FULL, started=now - timedelta(minutes=3), status=RunStatus.SKIPPED)
+    elif history == "decay_ran":
+        record_run(workspace, RunKind.FULL, started=now - 2 * hour, finished=now - hour)
+        record_run(workspace, RunKind.DECAY, started=now - timedelta(minutes=4))
+    elif history == "full_failed":
+        record_run(workspace, RunKind.FULL, started=now - timedelta(minutes=20), status=RunStatus.FAILED)
+    elif history == "full_running":
+        record_run(workspace, RunKind.FULL, started=now - timedelta(minutes=20), status=RunStatus.RUNNING)
+    policy = MaintenancePolicy.objects.get(workspace=workspace).values()
+    for minute in range(0, 24 * 60, 7):
+        at = now + timedelta(minutes=minute)
+        shown = next_runs(workspace, now=at)
+        row = Workspace.objects.annotate(**tasks.run_history(at)).get(pk=workspace.pk)
+        dispatched = tasks.due_kinds(history=tasks.RunHistory.of(row), policy=policy, now=at)
+        due = [
+            kind
+            for kind, next_run in (("full", shown.full), ("decay", shown.decay))
+            if next_run.state == "due"
+        ]
+        assert dispatched == due[:1], (history, minute, shown)
 
 
 def test_nothing_is_enqueued_when_recent_runs_exist(workspace, now):
