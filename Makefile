@@ -71,6 +71,7 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy .
 	env -u DATABASE_URL $(BIN)/python manage.py makemigrations --check --dry-run
+	$(BIN)/lint-imports  # the import contracts (pyproject.toml, tool.importlinter)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -696,7 +696,7 @@ def render(
 def policy_values(changes: dict[str, Any]) -> dict[str, Any]:
     from dataclasses import asdict
 
-    from maintenance.policy import PolicyValues
+    from memory.policy import PolicyValues
 
     return {**asdict(PolicyValues()), **changes}
 

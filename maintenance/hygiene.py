@@ -97,7 +97,6 @@ from django.utils import timezone
 from maintenance.models import HygieneAssessment, MaintenancePolicy
 from maintenance.passes import PassResult, RunContext, latest, transition, unprotected
 from maintenance.plan_status import status_in
-from maintenance.policy import PolicyValues
 from maintenance.scoring_db import refresh_scores
 from maintenance.text import content_words, normalise
 from memory import holds, live
@@ -112,6 +111,7 @@ from memory.models import (
     Workspace,
     protected,
 )
+from memory.policy import PolicyValues
 from memory.services import neighbour_ids
 
 MIN_CONTENT_WORDS = 9

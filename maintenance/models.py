@@ -11,7 +11,8 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
-from maintenance.policy import (
+from memory.models import Entry, Workspace
+from memory.policy import (
     LIMITS,
     PROPOSE,
     REVIEW_MODES,
@@ -20,7 +21,6 @@ from maintenance.policy import (
     clean_review_mode,
     clean_tags,
 )
-from memory.models import Entry, Workspace
 
 
 def _limit_field(name: str) -> models.Field[Any, Any]:

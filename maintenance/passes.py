@@ -23,7 +23,6 @@ from django.db.models.functions import Coalesce, Least
 
 from maintenance import plan_status
 from maintenance.plan_status import status_in
-from maintenance.policy import PolicyValues
 from maintenance.scoring_db import counted_end, plan_scores, refresh_scores
 from memory import rawsql
 from memory.models import (
@@ -44,6 +43,7 @@ from memory.models import (
     protected,
     stored_retention,
 )
+from memory.policy import PolicyValues
 
 BATCH_SIZE = 500
 GRADUATING_CLASSES = (StagedClass.PROCEDURAL, StagedClass.CONCEPTUAL, StagedClass.REFERENCE)

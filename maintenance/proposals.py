@@ -29,7 +29,6 @@ from django.utils import timezone
 from maintenance import backups, lease, passes
 from maintenance.models import MaintenanceRun, Proposal, ProposalAction, ProposalStatus, RunKind
 from maintenance.passes import PassResult, RunContext
-from maintenance.policy import PolicyValues
 from maintenance.scoring_db import refresh_scores
 from memory import holds, live
 from memory.errors import Conflict, InvalidInput
@@ -44,6 +43,7 @@ from memory.models import (
     protected,
     stored_retention,
 )
+from memory.policy import PolicyValues
 from memory.services import neighbour_ids
 
 if TYPE_CHECKING:

@@ -57,9 +57,9 @@ from maintenance import (
 )
 from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus
 from maintenance.passes import LeaseLost, PassResult, RunContext
-from maintenance.policy import PolicyValues, clamp_value, clean_tags
 from memory import events, live
 from memory.models import Entry, Status, Workspace
+from memory.policy import PolicyValues, clamp_value, clean_tags
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from ninja import Field, Schema
 from pydantic import AfterValidator, ConfigDict, StrictBool, model_validator
 
 from maintenance.models import ProposalAction, RunKind, RunStatus, RunTrigger
-from maintenance.policy import LIMITS, PROPOSE, REVIEW_MODES
 from maintenance.proposals import ACTIONS
 from memory.models import TombstoneReason
+from memory.policy import LIMITS, PROPOSE, REVIEW_MODES
 from memory.schemas import ErrorOut, no_nul  # one error shape, one schema name in the OpenAPI document
 
 DB_ID_MAX = 2**63 - 1  # the largest id a BIGINT column holds (SQLite overflows beyond it)

@@ -1,4 +1,4 @@
-"""The database twin of ``maintenance.scoring``: the same formulas as ORM expressions, so a
+"""The database twin of ``memory.scoring``: the same formulas as ORM expressions, so a
 sweep refreshes stored scores with one UPDATE per batch instead of one query per entry.
 
 ``tests/test_scoring_parity.py`` proves both sides agree to 1e-9 on SQLite and PostgreSQL.
@@ -31,9 +31,7 @@ from django.db.models import (
 from django.db.models.expressions import Combinable
 from django.db.models.functions import Cast, Coalesce, Exp, Greatest, Least, Ln
 
-from maintenance import scoring
-from maintenance.scoring import DecayParams
-from memory import rawsql
+from memory import rawsql, scoring
 from memory.models import (
     CAUSAL_TYPES,
     AnchorStatus,
@@ -45,6 +43,7 @@ from memory.models import (
     Status,
     Workspace,
 )
+from memory.scoring import DecayParams
 
 SECONDS_PER_DAY = 86400.0
 BATCH_SIZE = 1000

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from maintenance.policy import LIMITS
+from memory.policy import LIMITS
 
 
 @dataclass(frozen=True)

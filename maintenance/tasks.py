@@ -86,7 +86,6 @@ from maintenance.models import (
     RunStatus,
     RunTrigger,
 )
-from maintenance.policy import PolicyValues
 from maintenance.runs import (
     LEASE_HELD,
     QUEUED_GIVEN_UP_AFTER,
@@ -100,6 +99,7 @@ from maintenance.runs import (
 from memory import live
 from memory.errors import Unavailable
 from memory.models import Workspace
+from memory.policy import PolicyValues
 
 log = logging.getLogger(__name__)
 

@@ -29,12 +29,12 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_POST
 
 from maintenance.models import MaintenancePolicy
-from maintenance.policy import APPLY, LIMITS, PROPOSE, clean_tags
 from maintenance.settings_help import GROUPS, HELP, range_text, unit
 from memory import services
 from memory.console import Console, workspace_page
 from memory.errors import NotFound, ServiceError
 from memory.models import ApiKey, KeyRole, Role
+from memory.policy import APPLY, LIMITS, PROPOSE, clean_tags
 
 POLICY_FIELDS = ["review_mode", *LIMITS, "exclude_tags", "residue_patterns"]
 REVIEW_MODE_CHOICES = [

@@ -34,10 +34,10 @@ from ninja.security import HttpBearer
 from ninja.security.session import SessionAuth
 
 from maintenance.models import MaintenancePolicy
-from maintenance.policy import PolicyValues
 from memory import rawsql
 from memory.errors import Forbidden, ServiceError
 from memory.models import ApiKey, Membership, Role, Workspace
+from memory.policy import PolicyValues
 from memory.services import actor_for_key, actor_for_user, hash_key
 
 ROLE_LEVEL = {"viewer": 0, "agent": 1, "operator": 2, "admin": 3}

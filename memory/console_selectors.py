@@ -29,18 +29,16 @@ from django.db.models import (
 from django.db.models.functions import Cast, Coalesce, Floor, Greatest, Least, Substr, TruncMonth, TruncWeek
 from django_q.models import Schedule
 
-from maintenance import scoring
 from maintenance.models import (
     MaintenancePolicy,
     Proposal,
     ProposalStatus,
     RunKind,
 )
-from maintenance.policy import PolicyValues
 from maintenance.schedules import SCHEDULES
 from maintenance.scoring_db import relationship_count_expr
 from maintenance.tasks import RunHistory, due_at, run_history
-from memory import selectors
+from memory import scoring, selectors
 from memory.errors import NotFound
 from memory.models import (
     CodeAnchor,
@@ -52,6 +50,7 @@ from memory.models import (
     Tombstone,
     Workspace,
 )
+from memory.policy import PolicyValues
 
 ENTRIES_PER_PAGE = 50
 EVENTS_PER_PAGE = 25
@@ -368,7 +367,7 @@ class EntryPage:
 def entry_page(workspace: Workspace, entry_id: int, *, now: datetime, events_page: Any = 1) -> EntryPage:
     """One entry (any version, tombstoned ones too: the operator restores them here) with
     everything its page shows, in a constant number of queries. The importance breakdown is
-    the one ``GET /entries/{id}`` returns (``maintenance.scoring.importance_breakdown`` as of
+    the one ``GET /entries/{id}`` returns (``memory.scoring.importance_breakdown`` as of
     ``now``)."""
     latest = Entry.objects.filter(
         workspace=workspace, lineage_id=OuterRef("lineage_id"), is_latest=True

@@ -13,9 +13,8 @@ from django.core.cache import cache
 from django.db import connection
 from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
 
-from maintenance import scoring
 from maintenance.scoring_db import COUNTED_END_STATUSES
-from memory import rawsql
+from memory import rawsql, scoring
 from memory.errors import NotFound
 from memory.models import (
     CAUSAL_TYPES,

@@ -22,12 +22,9 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from maintenance import scoring
 from maintenance.models import MaintenancePolicy
-from maintenance.policy import PROPOSE, PolicyValues
-from maintenance.scoring import step_salience
 from maintenance.scoring_db import rescore
-from memory import holds, live, rawsql
+from memory import holds, live, rawsql, scoring
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import (
     CAUSAL_TYPES,
@@ -61,6 +58,8 @@ from memory.models import (
     ValidationStatus,
     Workspace,
 )
+from memory.policy import PROPOSE, PolicyValues
+from memory.scoring import step_salience
 
 SYSTEM_ACTOR = "system"
 

@@ -12,9 +12,8 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from maintenance import scoring
 from maintenance.anchors import check_anchor_files, check_anchors, normalise_path
-from memory import services
+from memory import scoring, services
 from memory.errors import InvalidInput
 from memory.models import CodeAnchor, Entry
 

@@ -15,9 +15,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from maintenance import scoring
 from maintenance.models import Backup
-from memory import services
+from memory import scoring, services
 from memory.models import (
     CodeAnchor,
     Entry,

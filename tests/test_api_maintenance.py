@@ -13,11 +13,11 @@ from django.utils import timezone
 
 from maintenance.lease import acquire, new_holder
 from maintenance.models import Backup, MaintenancePolicy, MaintenanceRun
-from maintenance.policy import LIMITS
 from maintenance.runs import COUNT_KEYS, rows_done
 from maintenance.schemas import CountsOut, PolicyIn, PolicyOut
 from memory import services
 from memory.models import ApiKey, Entry, Tombstone
+from memory.policy import LIMITS
 from tests.helpers_runs import finish_queued
 
 pytestmark = pytest.mark.django_db

@@ -5,8 +5,8 @@ change to the row must show on the very next lookup."""
 import pytest
 
 from maintenance.models import MaintenancePolicy
-from maintenance.policy import PolicyValues
 from memory import auth, services
+from memory.policy import PolicyValues
 
 pytestmark = pytest.mark.django_db
 

@@ -14,9 +14,9 @@ from django.test import Client
 from django.urls import reverse
 
 from maintenance.models import MaintenancePolicy
-from maintenance.policy import LIMITS
 from memory import services
 from memory.models import ApiKey, Workspace
+from memory.policy import LIMITS
 
 pytestmark = pytest.mark.django_db
 

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from maintenance.policy import LIMITS
 from maintenance.settings_help import GROUPS, HELP, range_text
 from maintenance.views_settings import POLICY_FIELDS
+from memory.policy import LIMITS
 from tests.helpers_console import login
 
 

@@ -746,7 +746,7 @@ def test_a_candidate_that_stops_qualifying_before_its_batch_is_left_alone(worksp
     predicate again: an entry an operator pins while earlier batches are applied keeps its
     status (here: pinned between the first batch and the second)."""
     from maintenance import passes
-    from maintenance.policy import PolicyValues
+    from memory.policy import PolicyValues
 
     first, second = (make(workspace, now, age_days=200) for _ in range(2))
     pinned_meanwhile = []

@@ -20,10 +20,10 @@ from django_q.tasks import async_task
 
 from maintenance import signals, tasks
 from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus, RunTrigger
-from maintenance.policy import PolicyValues
 from maintenance.schedules import SCHEDULES, ScheduleSpec, sync_schedules
 from memory import services
 from memory.models import Workspace
+from memory.policy import PolicyValues
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from maintenance.scoring import (
+from memory.scoring import (
     DecayParams,
     importance,
     importance_breakdown,
@@ -228,7 +228,7 @@ def test_salience_scales_only_the_time_term(inputs, params, salience):
 
 
 def test_the_worst_anchor_is_the_one_with_the_smallest_multiplier():
-    from maintenance.scoring import worst_anchor
+    from memory.scoring import worst_anchor
 
     assert worst_anchor([]) == "valid"
     assert worst_anchor(["valid", "stale", "valid"]) == "stale"

@@ -8,10 +8,9 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 
-from maintenance import scoring
 from maintenance.models import MaintenancePolicy
 from maintenance.scoring_db import refresh_scores
-from memory import services
+from memory import scoring, services
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import (
     CodeAnchor,

@@ -8,9 +8,9 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from maintenance.policy import APPLY, PROPOSE
 from memory import services
 from memory.management.commands._base import JsonCommand, service_errors
+from memory.policy import APPLY, PROPOSE
 
 
 class Command(JsonCommand):

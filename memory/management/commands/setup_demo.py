@@ -19,10 +19,10 @@ from django.db.models import F, Max
 from django.utils import timezone
 
 from maintenance.models import MaintenancePolicy
-from maintenance.policy import PROPOSE
 from maintenance.scoring_db import refresh_scores
 from memory import journal, services
 from memory.models import Entry, Role, Workspace
+from memory.policy import PROPOSE
 
 DEMO_SLUG = "demo"
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from maintenance.scoring import DecayParams
+from memory.scoring import DecayParams
 
 
 @dataclass(frozen=True)
