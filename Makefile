@@ -72,6 +72,7 @@ lint: install
 	$(BIN)/mypy .
 	env -u DATABASE_URL $(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/lint-imports  # the import contracts (pyproject.toml, tool.importlinter)
+	$(BIN)/python tools/check_private.py  # no module reads another's _private names
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis

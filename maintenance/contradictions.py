@@ -567,7 +567,7 @@ def resolve(
                     now=now,
                 )
             if _current(loser, (Status.STAGED, Status.ACTIVE, Status.STALE)):
-                services._set_status(
+                services.change_status(
                     loser,
                     Status.ARCHIVED,
                     reason=ARCHIVE_REASON,

@@ -376,7 +376,7 @@ def approve(
     apply trip the circuit breaker without ``force``; the pre-prune backup is written before
     anything changes. Should a group fail midway (the lease lost, the database gone), what was
     applied is closed ``approved`` and the rest stays open."""
-    from maintenance.runs import _live_count, effective_policy, tombstones_trip
+    from maintenance.runs import effective_policy, live_count, tombstones_trip
 
     now = now or timezone.now()
     holder = lease.new_holder()
@@ -409,7 +409,7 @@ def approve(
             if ACTIONS[key] == ProposalAction.TOMBSTONE
             for chunk in _chunks([p.entry_ref for p in group])
         )
-        live_entries = _live_count(workspace)
+        live_entries = live_count(workspace)
         fraction = tombstones / live_entries if live_entries else 0.0
         if tombstones_trip(tombstones, live_entries, current) and not force:
             raise Conflict(

@@ -405,7 +405,7 @@ def _plan(
     return outcome
 
 
-def _live_count(workspace: Workspace) -> int:
+def live_count(workspace: Workspace) -> int:
     return Entry.objects.filter(
         workspace=workspace,
         is_latest=True,
@@ -715,7 +715,7 @@ def _run(
         keep_alive = lease.keep_alive(workspace, holder=holder, reading=plan_snapshot.possible())
         plan = _plan(ctx, kind, keep_alive, recorder)
         recorder.phase = "apply"
-        live_entries = _live_count(workspace)
+        live_entries = live_count(workspace)
         blocked = breaker_trips(plan, live_entries, policy)
         proposing = policy.proposes and any(plan.counts[k] for k in PROPOSING)
         breaker = {"would_trip": blocked, "tombstones": plan.tombstones, "live": live_entries}

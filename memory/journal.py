@@ -53,10 +53,10 @@ from memory.services import (
     STAGED_TTL_DAYS,
     SYSTEM_ACTOR,
     AnchorIn,
-    _choice,
-    _text,
-    _validate_writable,
     clean_tag_names,
+    valid_choice,
+    valid_text,
+    validate_writable,
 )
 
 SAMPLE_PATH = Path(__file__).resolve().parent / "sample_data" / "flask_journal_sample.jsonl"
@@ -267,7 +267,9 @@ def _explicit_links(value: Any) -> list[tuple[str, str]]:
         to = item.get("to")
         if not isinstance(to, str) or not to.strip():
             raise InvalidInput("links.to: must be the external id of an entry")
-        type_ = _choice(item.get("type") or RelationshipType.REFERENCES, _RELATIONSHIP_TYPES, "links.type")
+        type_ = valid_choice(
+            item.get("type") or RelationshipType.REFERENCES, _RELATIONSHIP_TYPES, "links.type"
+        )
         out.append((to.strip(), type_))
     return out
 
@@ -295,12 +297,12 @@ def parse_record(record: Any, line: int, now: datetime) -> JournalRecord:
     """
     if not isinstance(record, dict):
         raise InvalidInput("not a JSON object")
-    content = _text(record.get("content"), "content", CONTENT_MAX, required=True)
+    content = valid_text(record.get("content"), "content", CONTENT_MAX, required=True)
 
     raw_id = record.get("id")
     if isinstance(raw_id, int) and not isinstance(raw_id, bool):
         raw_id = str(raw_id)
-    external_id = None if raw_id is None else _text(raw_id, "id", 200, required=True).strip()
+    external_id = None if raw_id is None else valid_text(raw_id, "id", 200, required=True).strip()
 
     raw_created = record.get("created_at")
     created_at = now if raw_created is None else parse_datetime(raw_created, "created_at")
@@ -334,7 +336,7 @@ def parse_record(record: Any, line: int, now: datetime) -> JournalRecord:
             del given[name]
     if given.get("expires_at") is not None:
         given["expires_at"] = parse_datetime(given["expires_at"], "expires_at")
-    fields = _validate_writable(given)
+    fields = validate_writable(given)
     given_names = set(fields)
     if raw_type is not None:
         given_names.add("entry_type")
@@ -348,7 +350,7 @@ def parse_record(record: Any, line: int, now: datetime) -> JournalRecord:
 
     staged_class = record.get("staged_class") or None
     if staged_class is not None:
-        _choice(staged_class, _STAGED_CLASSES, "staged_class")
+        valid_choice(staged_class, _STAGED_CLASSES, "staged_class")
     raw_status = record.get("status")
     status: str
     if raw_status == Status.STAGED and staged_class:

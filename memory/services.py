@@ -103,7 +103,7 @@ def _now(now: datetime | None) -> datetime:
     return now if now is not None else timezone.now()
 
 
-def _choice(value: Any, choices: Iterable[str], field: str, *, allow_none: bool = False) -> Any:
+def valid_choice(value: Any, choices: Iterable[str], field: str, *, allow_none: bool = False) -> Any:
     if value is None and allow_none:
         return None
     if not isinstance(value, str) or value not in set(choices):
@@ -125,7 +125,7 @@ def _unit(value: Any, field: str, low: float = 0.0, high: float = 1.0) -> float 
     return number
 
 
-def _text(value: Any, field: str, max_len: int, *, required: bool = False) -> str:
+def valid_text(value: Any, field: str, max_len: int, *, required: bool = False) -> str:
     if value is None:
         value = ""
     if not isinstance(value, str):
@@ -241,9 +241,11 @@ def record_event(entry: Entry, **event: Any) -> LifecycleEvent:
     return recorded
 
 
-def _set_status(
+def change_status(
     entry: Entry, to_status: str, *, reason: str, actor: str, now: datetime, **event: Any
 ) -> None:
+    """Move one loaded entry to ``to_status`` at ``now`` with its LifecycleEvent, inside the
+    caller's transaction (an archive stamps ``archived_at``; a tombstone keeps it)."""
     from_status = entry.status
     entry.status = to_status
     entry.status_changed_at = now
@@ -323,7 +325,7 @@ def workspace_get(slug: str) -> Workspace:
 
 
 def membership_set(*, workspace: Workspace, user: Any, role: str) -> Membership:
-    _choice(role, Role.values, "role")
+    valid_choice(role, Role.values, "role")
     membership, _ = Membership.objects.update_or_create(
         user=user, workspace=workspace, defaults={"role": role}
     )
@@ -334,8 +336,8 @@ def api_key_create(
     *, workspace: Workspace, name: str, role: str, actor: str = SYSTEM_ACTOR
 ) -> tuple[ApiKey, str]:
     """Create a key and return it with its secret, which is never stored and never shown again."""
-    _choice(role, KeyRole.values, "role")
-    _text(name, "name", 100, required=True)
+    valid_choice(role, KeyRole.values, "role")
+    valid_text(name, "name", 100, required=True)
     raw = "msk_" + secrets.token_urlsafe(32)
     key = ApiKey.objects.create(
         workspace=workspace,
@@ -401,7 +403,7 @@ class AnchorIn:
     def parse(cls, data: Mapping[str, Any]) -> AnchorIn:
         if not isinstance(data, Mapping):
             raise InvalidInput("anchors: each anchor must be an object")
-        path = _text(data.get("path"), "anchors.path", 1000, required=True)
+        path = valid_text(data.get("path"), "anchors.path", 1000, required=True)
         lines = []
         for name in ("line_start", "line_end"):
             value = data.get(name)
@@ -414,12 +416,14 @@ class AnchorIn:
             raise InvalidInput("anchors: line_end is before line_start")
         return cls(
             path=path,
-            repo=_text(data.get("repo"), "anchors.repo", 300),
-            commit=_text(data.get("commit"), "anchors.commit", 64),
+            repo=valid_text(data.get("repo"), "anchors.repo", 300),
+            commit=valid_text(data.get("commit"), "anchors.commit", 64),
             line_start=lines[0],
             line_end=lines[1],
-            content_hash=_text(data.get("content_hash"), "anchors.content_hash", 64),
-            status=_choice(data.get("status") or AnchorStatus.VALID, AnchorStatus.values, "anchors.status"),
+            content_hash=valid_text(data.get("content_hash"), "anchors.content_hash", 64),
+            status=valid_choice(
+                data.get("status") or AnchorStatus.VALID, AnchorStatus.values, "anchors.status"
+            ),
         )
 
     def row(self, entry: Entry) -> CodeAnchor:
@@ -437,20 +441,20 @@ class AnchorIn:
 
 
 # Fields a writer may set, with their validators.
-def _validate_writable(data: Mapping[str, Any]) -> dict[str, Any]:
+def validate_writable(data: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     validators: dict[str, Any] = {
-        "title": lambda v: _text(v, "title", TITLE_MAX),
-        "project": lambda v: _text(v, "project", 200),
-        "session_key": lambda v: _text(v, "session_key", 200),
-        "external_id": lambda v: None if v is None else _text(v, "external_id", 200, required=True),
-        "entry_type": lambda v: _choice(v, EntryType.values, "entry_type"),
-        "tier": lambda v: _choice(v, Tier.values, "tier"),
-        "source": lambda v: _choice(v, Source.values, "source"),
+        "title": lambda v: valid_text(v, "title", TITLE_MAX),
+        "project": lambda v: valid_text(v, "project", 200),
+        "session_key": lambda v: valid_text(v, "session_key", 200),
+        "external_id": lambda v: None if v is None else valid_text(v, "external_id", 200, required=True),
+        "entry_type": lambda v: valid_choice(v, EntryType.values, "entry_type"),
+        "tier": lambda v: valid_choice(v, Tier.values, "tier"),
+        "source": lambda v: valid_choice(v, Source.values, "source"),
         "impact_score": lambda v: _unit(v, "impact_score"),
         "trust_score": lambda v: _unit(v, "trust_score"),
-        "validation_status": lambda v: _choice(v, ValidationStatus.values, "validation_status"),
-        "significance_type": lambda v: _choice(
+        "validation_status": lambda v: valid_choice(v, ValidationStatus.values, "validation_status"),
+        "significance_type": lambda v: valid_choice(
             v or None, SignificanceType.values, "significance_type", allow_none=True
         ),
         "salience": lambda v: _unit(v, "salience", 0.25, 2.0),
@@ -517,7 +521,7 @@ class LinkIn:
         to_id = _entry_id(data.get("to_id"), "links.to_id")
         return cls(
             to_id=to_id,
-            type=_choice(data.get("type") or "references", RelationshipType.values, "links.type"),
+            type=valid_choice(data.get("type") or "references", RelationshipType.values, "links.type"),
         )
 
 
@@ -540,8 +544,8 @@ def entry_create(
     fields a writer may set. Nothing is written if any part is invalid.
     """
     now = _now(now)
-    content = _text(content, "content", CONTENT_MAX, required=True)
-    values = _validate_writable(fields)
+    content = valid_text(content, "content", CONTENT_MAX, required=True)
+    values = validate_writable(fields)
     tag_names = clean_tag_names(tags)
     anchor_list = [AnchorIn.parse(a) for a in (anchors or [])]
     link_list = [LinkIn.parse(link) for link in (links or [])]
@@ -550,7 +554,7 @@ def entry_create(
     if len(link_list) > LINKS_PER_WRITE_MAX:
         raise InvalidInput(f"links: at most {LINKS_PER_WRITE_MAX} per write")
     if staged_class is not None:
-        _choice(staged_class, StagedClass.values, "staged_class")
+        valid_choice(staged_class, StagedClass.values, "staged_class")
     created = created_at or now
 
     # PostgreSQL: the reads run before the write (READ COMMITTED: inside its transaction they
@@ -890,11 +894,11 @@ def entry_update(
     fields in place and leaves the decay clock (``created_at``) alone.
     """
     now = _now(now)
-    values = _validate_writable(fields)
+    values = validate_writable(fields)
     tag_names = clean_tag_names(tags) if tags is not None else None
     anchor_list = [AnchorIn.parse(a) for a in anchors] if anchors is not None else None
     if content is not None:
-        content = _text(content, "content", CONTENT_MAX, required=True)
+        content = valid_text(content, "content", CONTENT_MAX, required=True)
 
     with transaction.atomic():
         old = _latest_for_write(workspace, entry_id)
@@ -984,7 +988,7 @@ def entry_tombstone(
     """Soft-delete the latest version: status tombstoned plus a Tombstone whose purge_after
     is now + the workspace's purge grace. Nothing is removed until purge."""
     now = _now(now)
-    _choice(reason, TombstoneReason.values, "reason")
+    valid_choice(reason, TombstoneReason.values, "reason")
     with transaction.atomic():
         entry = _latest_for_write(workspace, entry_id)
         if entry.status == Status.TOMBSTONED:
@@ -1003,7 +1007,7 @@ def entry_tombstone(
             created_at=now,
             purge_after=now + timedelta(days=grace),
         )
-        _set_status(entry, Status.TOMBSTONED, reason=reason, actor=actor, now=now, run=run)
+        change_status(entry, Status.TOMBSTONED, reason=reason, actor=actor, now=now, run=run)
         _rescore(workspace, [entry.pk, *neighbour_ids([entry.pk])], now)
         live.announce_queue(workspace.pk)  # the tombstones count, whichever door it came through
     return tombstone
@@ -1048,7 +1052,9 @@ def entry_restore(
         Tombstone.objects.filter(entry=entry, restored_at__isnull=True, purged_at__isnull=True).update(
             restored_at=now
         )
-        _set_status(entry, target, reason=reason, actor=actor, now=now, details={"hold": HoldReason.RESTORE})
+        change_status(
+            entry, target, reason=reason, actor=actor, now=now, details={"hold": HoldReason.RESTORE}
+        )
         # The operator's decision sticks: no automatic pass takes the entry away again.
         holds.hold(workspace, [entry.pk], reason=HoldReason.RESTORE, actor=actor, now=now, event=False)
         _rescore(workspace, [entry.pk, *neighbour_ids([entry.pk])], now)
@@ -1075,13 +1081,13 @@ def entry_set_status(
 ) -> Entry:
     """An operator's manual archive (or other non-deleting transition) of one entry."""
     now = _now(now)
-    _choice(status, [Status.ACTIVE, Status.STALE, Status.ARCHIVED], "status")
+    valid_choice(status, [Status.ACTIVE, Status.STALE, Status.ARCHIVED], "status")
     with transaction.atomic():
         entry = _latest_for_write(workspace, entry_id)
         if entry.status == Status.TOMBSTONED:
             raise Conflict(f"entry {entry.pk} is tombstoned; restore it first")
         if entry.status != status:
-            _set_status(entry, status, reason=reason, actor=actor, now=now)
+            change_status(entry, status, reason=reason, actor=actor, now=now)
             _rescore(workspace, [entry.pk, *neighbour_ids([entry.pk])], now)
     return entry
 
@@ -1098,7 +1104,7 @@ def relationship_create(
     """Link two entries of the workspace. Returns the link and whether it is new; an identical
     (from, to, type) is reported, not duplicated. Ids of old versions resolve to the latest."""
     now = _now(now)
-    _choice(type, RelationshipType.values, "type")
+    valid_choice(type, RelationshipType.values, "type")
     ids = [_entry_id(from_id, "from_id"), _entry_id(to_id, "to_id")]
     if ids[0] == ids[1]:
         raise InvalidInput("a memory cannot link to itself")
@@ -1140,7 +1146,7 @@ def entry_record_access(
     """An actor read the entry; ``dispatch`` means it was injected into a real agent context
     (counts toward graduation). One counter row per (lineage, actor) gives readers."""
     now = _now(now)
-    actor = _text(actor, "actor", 200, required=True)
+    actor = valid_text(actor, "actor", 200, required=True)
     with transaction.atomic():
         entry = _latest_for_write(workspace, entry_id)
         if entry.status == Status.TOMBSTONED:
@@ -1165,7 +1171,7 @@ def entry_record_access(
             )
         entry.refresh_from_db()
         if entry.status == Status.STALE:
-            _set_status(entry, Status.ACTIVE, reason="access", actor=actor, now=now)
+            change_status(entry, Status.ACTIVE, reason="access", actor=actor, now=now)
         _rescore(workspace, [entry.pk], now)
     entry.refresh_from_db()
     return entry
@@ -1198,7 +1204,7 @@ def entry_feedback(
 ) -> Entry:
     """Step salience by the signal; stale/wrong also flag the entry for review."""
     now = _now(now)
-    _choice(signal, FeedbackSignal.values, "signal")
+    valid_choice(signal, FeedbackSignal.values, "signal")
     with transaction.atomic():
         entry = _latest_for_write(workspace, entry_id)
         if entry.status == Status.TOMBSTONED:
