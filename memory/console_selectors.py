@@ -213,6 +213,7 @@ class RunSchedule:
     dispatch_every_minutes: int
     dispatch_next: datetime | None
     scheduler_behind: bool  # the dispatcher's next pass is long overdue: is the cluster up?
+    proposes: bool = False  # the workspace's runs propose their changes (review mode propose)
 
 
 def _dispatch_minutes() -> int:
@@ -266,6 +267,7 @@ def next_runs(workspace: Workspace, *, now: datetime) -> RunSchedule:
         dispatch_every_minutes=minutes,
         dispatch_next=dispatch_next,
         scheduler_behind=dispatch_next is not None and now - dispatch_next > timedelta(minutes=3 * minutes),
+        proposes=policy.proposes,
     )
 
 

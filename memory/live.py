@@ -76,6 +76,7 @@ RUNS_TEMPLATE = "console/partials/live_runs.html"
 QUEUE_TEMPLATE = "console/partials/live_queue.html"
 PROGRESS_TEMPLATE = "console/partials/run_progress.html"
 STATUS_TEMPLATE = "console/dashboard.html#status-counts"
+SCHEDULE_TEMPLATE = "console/dashboard.html#next-run"
 
 
 # --- what the pages include ------------------------------------------------------------------------
@@ -182,6 +183,20 @@ def render_status_counts(workspace_id: int) -> str:
     return render_to_string(STATUS_TEMPLATE, {**status_context(workspace), "oob": True})
 
 
+def render_schedule(workspace_id: int) -> str:
+    """The dashboard's "Next scheduled run": a run's start or end moves the next full run and
+    the next sweep."""
+    from django.utils import timezone
+
+    from memory.console_selectors import next_runs
+    from memory.models import Workspace
+
+    workspace = Workspace.objects.get(pk=workspace_id)
+    return render_to_string(
+        SCHEDULE_TEMPLATE, {"schedule": next_runs(workspace, now=timezone.now()), "oob": True}
+    )
+
+
 def render_queue(workspace_id: int) -> str:
     from memory.models import Workspace
 
@@ -269,7 +284,7 @@ def progress_renderer(run: MaintenanceRun) -> Callable[[int], str]:
 
 def run_started(run: MaintenanceRun) -> None:
     """A run was recorded (queued or running) or a queued one started."""
-    _announce(run.workspace_id, render_runs, progress_renderer(run))
+    _announce(run.workspace_id, render_runs, render_schedule, progress_renderer(run))
 
 
 def run_progress(run: MaintenanceRun) -> None:
@@ -281,6 +296,13 @@ def run_finished(run: MaintenanceRun) -> None:
     """A run ended (any status): its row changes, and the queue and the entries by status may
     have too."""
     if run.dry_run or run.status not in ("succeeded", "proposed"):
-        _announce(run.workspace_id, render_runs, progress_renderer(run))
+        _announce(run.workspace_id, render_runs, render_schedule, progress_renderer(run))
     else:
-        _announce(run.workspace_id, render_runs, render_queue, render_status_counts, progress_renderer(run))
+        _announce(
+            run.workspace_id,
+            render_runs,
+            render_schedule,
+            render_queue,
+            render_status_counts,
+            progress_renderer(run),
+        )

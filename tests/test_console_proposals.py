@@ -144,6 +144,10 @@ def test_the_reason_filter_lists_one_group(client, propose_workspace, now):
 
     assert f'id="pending-row-{archived.pk}"' in page
     assert not any(f'id="pending-row-{e.pk}"' in page for e in doomed)
+    # The summary counts every open proposal, and says how many the filter lists.
+    assert "4 changes await approval" in page and "1 of them matches the filter." in page
+    unfiltered = html(client.get(url(propose_workspace) + "?tab=pending"))
+    assert "match the filter" not in unfiltered and "matches the filter" not in unfiltered
 
 
 def test_the_pending_tab_takes_the_same_queries_for_3_or_30_proposals(
@@ -481,3 +485,11 @@ def test_every_door_s_change_is_announced(
     assert sent, "nothing was announced"
     expected = 4 if door == "release" else 3
     assert f'data-proposals="{expected}"' in sent[-1]
+
+
+def test_run_now_says_what_a_run_does_in_this_review_mode(client, propose_workspace, workspace):
+    """Its confirmation: a workspace that reviews first gets proposals, not changes."""
+    for ws, says in ((propose_workspace, "are proposed for approval, not made"), (workspace, "It applies")):
+        login(client, ws)
+        page = html(client.get(f"/console/{ws.slug}/"))
+        assert says in page

@@ -174,6 +174,27 @@ def test_an_applied_run_also_sends_the_review_counts(workspace, member):
         assert re.search(rf'status-{status}">.*?<span class="stat-n">{n}</span>', finished, re.S)
 
 
+def test_a_finished_run_sends_the_next_scheduled_runs_it_moved(workspace, member):
+    """The dashboard's "Next scheduled run" follows the runs: after a full run the next sweep
+    is an interval after it started, not the time shown before it."""
+
+    @async_to_sync
+    async def scenario():
+        communicator = _communicator(member, workspace.slug)
+        await communicator.connect()
+        await sync_to_async(run_maintenance)(workspace=workspace, kind="full")
+        messages = await _until_ended(communicator)
+        await communicator.disconnect()
+        return messages
+
+    finished = scenario()[-1]
+    assert '<div id="next-run" hx-swap-oob="true">' in finished
+    run = MaintenanceRun.objects.get()
+    sweep = timezone.localtime(run.started_at + timedelta(seconds=600)).strftime("%Y-%m-%d %H:%M")
+    full = timezone.localtime(run.finished_at + timedelta(hours=24)).strftime("%Y-%m-%d %H:%M")
+    assert sweep in finished and full in finished
+
+
 async def _until_ended(communicator: Any, limit: int = 100) -> list[str]:
     """The messages up to the one that says the run ended (its progress fragment)."""
     messages: list[str] = []
