@@ -105,7 +105,18 @@ from maintenance.scoring_db import refresh_scores
 from maintenance.text import content_words, words
 from memory import holds, live, services
 from memory.errors import Conflict, InvalidInput, NotFound
-from memory.models import Entry, EntryType, HoldReason, RelationshipType, Source, Status, Tier, Workspace
+from memory.models import (
+    LISTED_STATUSES,
+    VISIBLE_STATUSES,
+    Entry,
+    EntryType,
+    HoldReason,
+    RelationshipType,
+    Source,
+    Status,
+    Tier,
+    Workspace,
+)
 
 KIND = "polarity_conflict"
 SIGNATURE_WORDS = 24
@@ -114,7 +125,6 @@ WRITE_CHECK_LIMIT = 40
 WRITE_CHECK_IMPORTANCE = 0.5
 DURABLE_TIERS = (Tier.SEMANTIC, Tier.PROCEDURAL, Tier.CONSTITUTIONAL)
 DURABLE_TYPES = (EntryType.DECISION, EntryType.RULE, EntryType.LESSON)
-SWEPT_STATUSES = (Status.ACTIVE, Status.STALE)
 ARCHIVE_REASON = "dispute"
 
 # --- markers ------------------------------------------------------------------------------
@@ -380,7 +390,7 @@ def flag_contradictions(ctx: RunContext) -> PassResult:
     Three queries: the batch, the disputes already among it, one insert."""
     candidates = Entry.objects.filter(
         Q(tier__in=DURABLE_TIERS) | Q(entry_type__in=DURABLE_TYPES),
-        status_in(SWEPT_STATUSES),
+        status_in(VISIBLE_STATUSES),
         workspace=ctx.workspace,
         is_latest=True,
     )
@@ -429,7 +439,7 @@ def checked_on_write(entry: Entry) -> bool:
     an operator wrote."""
     return (
         entry.is_latest
-        and entry.status in SWEPT_STATUSES
+        and entry.status in VISIBLE_STATUSES
         and (
             entry.tier == Tier.CONSTITUTIONAL
             or (entry.source == Source.OPERATOR and entry.entry_type == EntryType.RULE)
@@ -452,7 +462,7 @@ def check_on_write(entry: Entry, *, now: datetime | None = None) -> list[Dispute
             | Q(importance__gte=WRITE_CHECK_IMPORTANCE),
             workspace_id=entry.workspace_id,
             is_latest=True,
-            status__in=SWEPT_STATUSES,
+            status__in=VISIBLE_STATUSES,
         )
         .exclude(pk=entry.pk)
         .exclude(lineage_id=entry.lineage_id or entry.pk)
@@ -556,7 +566,7 @@ def resolve(
         link = None
         if winner is not None:
             loser = b if winner is a else a
-            alive = (Status.STAGED, Status.ACTIVE, Status.STALE, Status.ARCHIVED)
+            alive = LISTED_STATUSES
             if resolution == Resolution.SUPERSEDE and _current(winner, alive) and _current(loser, alive):
                 link, _ = services.relationship_create(
                     workspace=workspace,

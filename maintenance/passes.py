@@ -26,6 +26,7 @@ from maintenance.plan_status import status_in
 from maintenance.scoring_db import counted_end, plan_scores, refresh_scores
 from memory import rawsql
 from memory.models import (
+    LISTED_STATUSES,
     Entry,
     EntryAccess,
     EntryType,
@@ -471,9 +472,7 @@ def ttl_candidates(ctx: RunContext) -> QuerySet[Entry]:
     """The writer asked for it, so a TTL is honoured even for pinned and high-value entries;
     every other protection — an operator hold included — still applies."""
     return unprotected(
-        latest(ctx).filter(
-            status_in([Status.STAGED, Status.ACTIVE, Status.STALE, Status.ARCHIVED]), expires_at__lte=ctx.now
-        ),
+        latest(ctx).filter(status_in(LISTED_STATUSES), expires_at__lte=ctx.now),
         ctx,
         honour_pin=False,
     )

@@ -58,7 +58,7 @@ from maintenance import (
 from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus
 from maintenance.passes import LeaseLost, PassResult, RunContext
 from memory import events, live
-from memory.models import Entry, Status, Workspace
+from memory.models import LISTED_STATUSES, Entry, Workspace
 from memory.policy import PolicyValues, clamp_value, clean_tags
 
 log = logging.getLogger(__name__)
@@ -409,7 +409,7 @@ def live_count(workspace: Workspace) -> int:
     return Entry.objects.filter(
         workspace=workspace,
         is_latest=True,
-        status__in=[Status.STAGED, Status.ACTIVE, Status.STALE, Status.ARCHIVED],
+        status__in=LISTED_STATUSES,
     ).count()
 
 

@@ -34,6 +34,7 @@ from django.db.models.functions import Cast, Coalesce, Exp, Greatest, Least, Ln
 from memory import rawsql, scoring
 from memory.models import (
     CAUSAL_TYPES,
+    LISTED_STATUSES,
     AnchorStatus,
     CodeAnchor,
     Entry,
@@ -47,9 +48,6 @@ from memory.scoring import DecayParams
 
 SECONDS_PER_DAY = 86400.0
 BATCH_SIZE = 1000
-
-# The other end of a counted link must be a latest version that is not tombstoned.
-COUNTED_END_STATUSES = (Status.STAGED, Status.ACTIVE, Status.STALE, Status.ARCHIVED)
 
 
 class EpochSeconds(Func):
@@ -108,7 +106,7 @@ def counted_end(prefix: str, live_since: datetime | None = None) -> Q:
     """The other end of a counted link: a latest version that is not tombstoned — or, for a
     maintenance run at ``live_since``, one tombstoned at or after that instant (it was live when
     the run's clock started, so a second run at the same ``now`` decides exactly as the first)."""
-    end = Q(**{f"{prefix}__status__in": COUNTED_END_STATUSES})
+    end = Q(**{f"{prefix}__status__in": LISTED_STATUSES})
     if live_since is not None:
         end |= Q(**{f"{prefix}__status": Status.TOMBSTONED, f"{prefix}__status_changed_at__gte": live_since})
     return Q(**{f"{prefix}__is_latest": True}) & end
@@ -419,7 +417,7 @@ def _rescore_sql(vendor: str, count: int) -> tuple[str, str, str]:
         return f"{alias}.{rawsql.column(model, name)}"
 
     pk = rawsql.quote("id")
-    counted = ", ".join(f"'{status}'" for status in COUNTED_END_STATUSES)
+    counted = ", ".join(f"'{status}'" for status in LISTED_STATUSES)
     causal = ", ".join(f"'{t}'" for t in CAUSAL_TYPES)
 
     def links(only_causal: bool) -> str:

@@ -63,8 +63,6 @@ ENTRY_LIST_CAP = 100
 # The growth chart counts by week for a history of up to half a year, by month beyond.
 WEEKLY_UP_TO = timedelta(weeks=26)
 DISPATCH_SCHEDULE = "maintenance.dispatch"
-# The console lists every latest entry except tombstones, which live on the review pages.
-LISTED_STATUSES = (Status.STAGED, Status.ACTIVE, Status.STALE, Status.ARCHIVED)
 
 
 LABEL_CHARS = 90

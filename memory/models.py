@@ -99,6 +99,9 @@ class Status(models.TextChoices):
 VISIBLE_STATUSES = (Status.ACTIVE, Status.STALE)
 # Statuses an entry can be restored to; "live" for reads.
 LIVE_STATUSES = (Status.STAGED, Status.ACTIVE, Status.STALE)
+# Every status but tombstoned: what the console lists, what the other end of a counted link may
+# have, what a workspace counts as its live entries.
+LISTED_STATUSES = (Status.STAGED, Status.ACTIVE, Status.STALE, Status.ARCHIVED)
 
 
 class HoldReason(models.TextChoices):

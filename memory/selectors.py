@@ -13,11 +13,11 @@ from django.core.cache import cache
 from django.db import connection
 from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
 
-from maintenance.scoring_db import COUNTED_END_STATUSES
 from memory import rawsql, scoring
 from memory.errors import NotFound
 from memory.models import (
     CAUSAL_TYPES,
+    LISTED_STATUSES,
     CodeAnchor,
     Entry,
     EntryAccess,
@@ -311,7 +311,7 @@ def entry_detail(workspace: Workspace, entry_id: int, *, now: datetime) -> Entry
         return (
             row["pruned_at"] is None
             and row[f"{other}__is_latest"]
-            and row[f"{other}__status"] in COUNTED_END_STATUSES
+            and row[f"{other}__status"] in LISTED_STATUSES
         )
 
     live = [row for row in rows if counted(row)]

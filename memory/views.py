@@ -30,7 +30,7 @@ from maintenance.tasks import submit_run
 from memory import charts, console_selectors, live, services
 from memory.console import Console, operator_action, workspace_page
 from memory.errors import NotFound, ServiceError, Unavailable
-from memory.models import EntryType, Status, Tier, TombstoneReason
+from memory.models import LISTED_STATUSES, EntryType, Status, Tier, TombstoneReason
 from memory.schemas import INT64_MAX
 from memory.selectors import ENTRY_SORTS, workspace_summaries
 
@@ -162,7 +162,7 @@ def _choices(values: Any) -> list[tuple[str, str]]:
 
 class EntryFilterForm(forms.Form):
     q = forms.CharField(required=False, max_length=200, label="Text")
-    status = forms.ChoiceField(required=False, choices=_choices(console_selectors.LISTED_STATUSES))
+    status = forms.ChoiceField(required=False, choices=_choices(LISTED_STATUSES))
     entry_type = forms.ChoiceField(required=False, choices=_choices(EntryType.values), label="Type")
     tier = forms.ChoiceField(required=False, choices=_choices(Tier.values))
     tag = forms.CharField(required=False, max_length=100)
