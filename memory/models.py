@@ -574,7 +574,7 @@ class Entry(models.Model):
         return attached if attached is not None else [tag.name for tag in self.tags.all()]
 
 
-RETENTION_UNSCORED = 1.0  # an entry's retention before its first scoring (a fresh memory's)
+RETENTION_UNSCORED = 1.0  # retention before the first scoring (a fresh memory's at the default salience)
 
 
 def stored_retention() -> Coalesce:
