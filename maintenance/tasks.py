@@ -197,7 +197,9 @@ def _workspaces_with_history(now: datetime) -> list[Workspace]:
     return list(Workspace.objects.select_related("policy").annotate(**run_history(now)).order_by("pk"))
 
 
-def _policy(workspace: Workspace) -> PolicyValues:
+def policy_of(workspace: Workspace) -> PolicyValues:
+    """The policy of a workspace read with ``select_related("policy")`` (the defaults if it has
+    no row): what the schedule decides on."""
     try:
         row = workspace.policy
     except MaintenancePolicy.DoesNotExist:
@@ -321,7 +323,7 @@ def _dispatch(now: datetime) -> dict[str, Any]:
     queued = queued_runs()
     enqueued: list[dict[str, str]] = []
     for workspace in workspaces:
-        for kind in due_kinds(history=RunHistory.of(workspace), policy=_policy(workspace), now=now):
+        for kind in due_kinds(history=RunHistory.of(workspace), policy=policy_of(workspace), now=now):
             if (workspace.pk, kind) in queued:
                 continue
             async_task(

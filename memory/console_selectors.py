@@ -37,7 +37,7 @@ from maintenance.models import (
 )
 from maintenance.schedules import SCHEDULES
 from maintenance.scoring_db import relationship_count_expr
-from maintenance.tasks import RunHistory, due_at, run_history
+from maintenance.tasks import RunHistory, due_at, policy_of, run_history
 from memory import scoring, selectors
 from memory.errors import NotFound
 from memory.models import (
@@ -50,7 +50,6 @@ from memory.models import (
     Tombstone,
     Workspace,
 )
-from memory.policy import PolicyValues
 
 ENTRIES_PER_PAGE = 50
 EVENTS_PER_PAGE = 25
@@ -233,10 +232,7 @@ def next_runs(workspace: Workspace, *, now: datetime) -> RunSchedule:
         )
         .get()
     )
-    try:
-        policy = row.policy.values()
-    except MaintenancePolicy.DoesNotExist:
-        policy = PolicyValues()
+    policy = policy_of(row)
     minutes = _dispatch_minutes()
     every = f"the dispatcher checks every {minutes} minutes"
     history = RunHistory.of(row)
