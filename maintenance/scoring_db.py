@@ -10,6 +10,7 @@ import functools
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -315,6 +316,10 @@ def refresh_scores(
     return scored
 
 
+_Compiled = tuple[str, list[Any], Callable[[list[Any], list[int]], list[Any]]]
+
+
+@dataclass
 class _BatchWrites:
     """A refresh's two statements per batch of ids: the importance where it changed (an
     unchanged entry row is not written: most entries past the age term's reach keep theirs from
@@ -324,25 +329,13 @@ class _BatchWrites:
     a refresh in batches of 1,000 took 46.8–47.5 s compiling both for every batch, 34–41 s
     compiling them once (bench/reports/maintenance.md)."""
 
-    def __init__(
-        self,
-        base: QuerySet[Entry],
-        *,
-        now_epoch: float,
-        params: DecayParams,
-        now: datetime,
-        live_since: datetime | None,
-    ) -> None:
-        self.base, self.now_epoch, self.params, self.now, self.live_since = (
-            base,
-            now_epoch,
-            params,
-            now,
-            live_since,
-        )
-        self.compiled: dict[
-            int, list[tuple[str, list[Any], Callable[[list[Any], list[int]], list[Any]]]]
-        ] = {}
+    base: QuerySet[Entry]
+    now_epoch: float
+    params: DecayParams
+    now: datetime
+    live_since: datetime | None
+    # Per id count (0 on PostgreSQL): each statement's SQL, parameters and where the ids go.
+    compiled: dict[int, list[_Compiled]] = field(default_factory=dict)
 
     def __call__(self, batch: list[int]) -> int:
         key = 0 if connection.vendor == "postgresql" else len(batch)
@@ -355,7 +348,7 @@ class _BatchWrites:
                 rowcount = cursor.rowcount
         return rowcount  # the upsert's: every latest entry of the batch
 
-    def _compile(self, n: int) -> list[tuple[str, list[Any], Callable[[list[Any], list[int]], list[Any]]]]:
+    def _compile(self, n: int) -> list[_Compiled]:
         # Ids no entry has, to find where the batch's ids go among the parameters.
         marks = [-(10**15) - i for i in range(n)]
         rows = self.base.filter(pk__any_of=marks).annotate(s_id=F("pk"))
@@ -461,7 +454,7 @@ _RESCORE_INPUTS = (
 @functools.cache
 def _rescore_sql(vendor: str, count: int) -> tuple[str, str, str]:
     """The read (inputs of ``count`` latest entries, their counted links, anchor statuses and
-    readers; rows locked in id order where the database can) and the write of
+    readers; rows locked in id order where the database can) and the two writes of
     ``_rescore_in_python``, written once: compiling them through the ORM on every write cost
     ~12 ms of CPU per rescored write on the benchmark machine (bench/reports/api.md)."""
     e, rel, anchor, access = (rawsql.table(m) for m in (Entry, Relationship, CodeAnchor, EntryAccess))
@@ -503,7 +496,7 @@ def _rescore_sql(vendor: str, count: int) -> tuple[str, str, str]:
         f" AND e.{pk} IN ({marks}) ORDER BY e.{pk}" + (" FOR UPDATE OF e" if vendor == "postgresql" else "")
     )
     importance = rawsql.column(Entry, "importance")
-    # The importance where it changed (as _write_importance), the narrow row always.
+    # The importance where it changed (as _BatchWrites), the narrow row always.
     write_importance = f"UPDATE {e} SET {importance} = %s WHERE {pk} = %s AND {importance} <> %s"
     return read, write_importance, _upsert_scores("VALUES (%s, %s, %s)")
 
