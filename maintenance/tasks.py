@@ -338,14 +338,16 @@ def _dispatch(now: datetime) -> dict[str, Any]:
     return {"enqueued": enqueued, "checked": len(workspaces)}
 
 
-class WorkerStopping(BaseException):
-    """Raised in a run when its worker is told to stop (SIGTERM). A BaseException, as
-    KeyboardInterrupt is: the run's transaction rolls back and its lease is released on the
-    way out, but it is no error of the run and logs no traceback."""
+class WorkerStopping(KeyboardInterrupt):
+    """Raised in a run when its worker is told to stop (SIGTERM). No Exception: the run's
+    transaction rolls back and its lease is released on the way out, but it is no error of
+    the run and logs no traceback. A KeyboardInterrupt because psycopg cancels the query in
+    flight on one and keeps the connection usable; any other exception landing mid-query
+    leaves it "another command is already in progress" for the release and the failed row."""
 
 
 @contextmanager
-def _stop_on_sigterm() -> Iterator[None]:
+def stop_on_sigterm() -> Iterator[None]:
     """While a run is in hand, SIGTERM abandons it (the cluster's stop, ``maintenance``'s
     qcluster, sends it when the run would not finish in time); otherwise the worker ignores
     SIGTERM and stops at its next task. Only the main thread can take signals."""
@@ -424,7 +426,7 @@ def run_scheduled(workspace_id: int, kind: str) -> dict[str, Any] | None:
     workspace = Workspace.objects.filter(pk=workspace_id).first()
     if workspace is None:
         return None
-    with _runs_created_here() as created, _stop_on_sigterm():
+    with _runs_created_here() as created, stop_on_sigterm():
         try:
             result = run_maintenance(workspace=workspace, kind=kind, trigger=RunTrigger.SCHEDULE)
             if kind == RunKind.FULL:
@@ -502,7 +504,7 @@ def run_queued(run_id: int) -> dict[str, Any] | None:
         log.info("queued run %s is not queued any more (already started, or given up)", run_id)
         return None
     run = MaintenanceRun.objects.select_related("workspace").get(pk=run_id)
-    with _stop_on_sigterm():
+    with stop_on_sigterm():
         try:
             return start_queued(run)
         except WorkerStopping as stop:

@@ -181,3 +181,27 @@ def test_make_run_stopped_as_a_process_group_leaves_no_process(stops_db, tmp_pat
     output = log.read_text(errors="replace")
     assert "has stopped" in output
     assert "Traceback" not in output
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a query in flight on PostgreSQL's wire")
+@pytest.mark.django_db(transaction=True)
+def test_a_stop_that_lands_mid_query_leaves_the_connection_usable():
+    """SIGTERM arriving while psycopg waits for the server: the query is cancelled on the way
+    out, so the lease's release and the run's failed row can still be written on the same
+    connection (it was left "another command is already in progress" before)."""
+    import threading
+
+    from maintenance.tasks import WorkerStopping, stop_on_sigterm
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("only the main thread takes signals")
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
+    started = time.monotonic()
+    with pytest.raises(WorkerStopping), stop_on_sigterm():
+        timer.start()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(20)")
+    assert time.monotonic() - started < 10  # cancelled, not waited out
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
