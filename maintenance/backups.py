@@ -854,6 +854,7 @@ def _plan_rows(
     taken_at: datetime,
     leaving: set[int] | frozenset[int] = frozenset(),
     known: Mapping[int, dict[str, Any]] | None = None,
+    before_read: Callable[[], None] = lambda: None,
 ) -> _Plan:
     """Match backup rows to existing ones: by id within the workspace, then by the natural key
     within the workspace; an id held by another workspace is a clash; the rest are inserted.
@@ -868,11 +869,13 @@ def _plan_rows(
         by_pk = {r["id"]: {**known[r["id"]], "workspace_id": ws_id} for r in chunk if r["id"] in known}
         ask = [r["id"] for r in chunk if r["id"] not in by_pk]
         if ask:
+            before_read()
             by_pk.update((r["id"], r) for r in manager.filter(pk__any_of=ask).values(*wanted))
         for pk in leaving.intersection(by_pk):
             by_pk[pk] = {**by_pk[pk], "is_latest": True}
         by_key: dict[tuple[Any, ...], dict[str, Any]] = {}
         if kind.natural and ws_id is not None:
+            before_read()
             first = kind.natural[0]
             lookup = {f"{first}__in": list({r.get(first) for r in chunk})}
             for existing in manager.filter(workspace_id=ws_id, **lookup).values(*wanted):
@@ -1117,6 +1120,46 @@ class _Index:
                 self.latest_without_lineage = True
 
 
+class _Writes:
+    """A restore chunk's writes, held until the next chunk has read the rows it compares
+    against, then sent without waiting for them: on PostgreSQL in pipeline mode, so the server
+    writes one chunk while Python matches the next. Every other read waits for them first
+    (``wait``); so does the end of the scan. SQLite runs them as they are sent."""
+
+    def __init__(self) -> None:
+        self.held: list[Callable[[], None]] = []
+        self.pipe: Any = None  # psycopg's Pipeline while writes are in flight
+
+    def hold(self, write: Callable[[], None]) -> None:
+        self.held.append(write)
+
+    def send(self) -> None:
+        writes, self.held = self.held, []
+        if writes and self.pipe is None and connection.vendor == "postgresql":
+            pipe = connection.connection.pipeline()
+            pipe.__enter__()
+            self.pipe = pipe
+        for write in writes:
+            write()
+
+    def wait(self) -> None:
+        """Until every write sent is done; a write's error is raised here (as Django's)."""
+        pipe, self.pipe = self.pipe, None
+        if pipe is not None:
+            with connection.wrap_database_errors:
+                pipe.__exit__(None, None, None)
+
+    def finish(self) -> None:
+        self.send()
+        self.wait()
+
+    def abandon(self, exc: BaseException) -> None:
+        """Leave pipeline mode on the way out of a failed restore (its transaction rolls back)."""
+        pipe, self.pipe = self.pipe, None
+        if pipe is not None:
+            pipe.__exit__(type(exc), exc, exc.__traceback__)
+
+
 class _Writer:
     """The writing scan of a restore: rows arrive in file order (a row points only at kinds
     above it), a kind's rows in chunks of BATCH, each chunk matched to the database and written
@@ -1139,6 +1182,7 @@ class _Writer:
         self.demoted = self.kept = 0
         self.entries_seen = False
         self.touched: list[type[models.Model]] = []
+        self.writes = _Writes()
         # Runs the restore inserts (no row anywhere has their id: history is never overwritten)
         # and runs of this workspace: references to any other run become null.
         existing: set[int] = set()
@@ -1167,6 +1211,7 @@ class _Writer:
         if self.entries_seen:
             return
         self.entries_seen = True
+        self.writes.wait()
         backup_ids = _Sorted(self.index.entry_ids)
         not_latest = _Sorted(self.index.not_latest_ids)
         lineages = _Sorted(self.index.latest_lineages)
@@ -1193,6 +1238,7 @@ class _Writer:
         ids = {r[c] for r in rows for c in kind.runs if r.get(c) is not None}
         ask = ids - self.known_runs - self.unknown_runs
         if ask:
+            self.writes.wait()
             runs = MaintenanceRun.objects.filter(workspace_id=self.ws_id, pk__in=ask)
             mine = set(runs.values_list("pk", flat=True))
             self.known_runs |= mine
@@ -1219,7 +1265,10 @@ class _Writer:
         existing: dict[int, dict[str, Any]] = {}
         if unparsed:
             found = kind.model._default_manager.filter(workspace_id=self.ws_id, pk__any_of=unparsed)
+            self.writes.wait()
             existing = {row["id"]: row for row in found.values(*kind.columns)}
+        # The previous chunk's writes go now: the server runs them while this chunk is compared.
+        self.writes.send()
         rows = []
         for item in items:
             if not isinstance(item, _Raw):
@@ -1263,11 +1312,21 @@ class _Writer:
             return
         self._detach_runs(kind, rows)
         if kind.name == "policy":
+            self.writes.wait()
             plan = _plan_policy(rows, self.ws_id, self.taken_at)
         elif kind.name == "entry_tag":
+            self.writes.wait()
             plan = _plan_entry_tags(rows, self.tag_ids)
         else:
-            plan = _plan_rows(kind, rows, self.ws_id, self.taken_at, leaving=self.leaving, known=existing)
+            plan = _plan_rows(
+                kind,
+                rows,
+                self.ws_id,
+                self.taken_at,
+                leaving=self.leaving,
+                known=existing,
+                before_read=self.writes.wait,
+            )
         if kind.name == "tag":
             self.tag_ids.update(plan.remap)
         if plan.clashes:
@@ -1277,9 +1336,9 @@ class _Writer:
         if self.refused:
             return  # the restore will be refused: nothing more is written, only counted
         if plan.inserts:
-            _insert(kind, plan.inserts, self.ws_id)
+            self.writes.hold(partial(_insert, kind, plan.inserts, self.ws_id))
         if plan.updates:
-            _update(kind, plan.updates, self.ws_id)
+            self.writes.hold(partial(_update, kind, plan.updates, self.ws_id))
         self.inserted[kind.name] += len(plan.inserts)
         self.overwritten[kind.name] += len(plan.updates)
         if (plan.inserts or plan.updates) and kind.model not in self.touched:
@@ -1366,11 +1425,16 @@ def _restore(
             MaintenancePolicy.objects.create(workspace=workspace)
 
     writer = _Writer(workspace.pk, taken_at, index, force=force)
-    # The file was verified; this scan checks it again at its end, and it must be that file.
-    if _scan(path, writer, progress, on_line=writer).trailer.get("sha256") != verified:
-        raise BackupError(f"{_file_name(path)} changed while it was restored; nothing was restored")
-    writer.flush()
-    writer.leave_latest()  # a backup without entries still counts the entries it keeps
+    try:
+        # The file was verified; this scan checks it again at its end, and it must be that file.
+        if _scan(path, writer, progress, on_line=writer).trailer.get("sha256") != verified:
+            raise BackupError(f"{_file_name(path)} changed while it was restored; nothing was restored")
+        writer.flush()
+        writer.leave_latest()  # a backup without entries still counts the entries it keeps
+        writer.writes.finish()
+    except BaseException as exc:
+        writer.writes.abandon(exc)
+        raise
 
     if writer.clashes:
         raise RestoreRefused(

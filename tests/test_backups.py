@@ -989,3 +989,30 @@ def test_overwritten_columns_of_every_type_come_back_exactly(workspace, now, mon
     for name in MODELS:
         backed_up = {r["id"]: r for r in before[name]}
         assert [r for r in after[name] if r["id"] in backed_up] == before[name], name
+
+
+def test_a_write_that_fails_while_the_next_chunk_is_compared_restores_nothing(
+    workspace, now, monkeypatch, small_batches
+):
+    """The restore sends a chunk's writes and compares the next chunk meanwhile (PostgreSQL's
+    pipeline mode): a write the database refuses then surfaces at the next read, as the
+    restore's error, and the transaction takes every write back."""
+    populate(workspace, now)
+    path = backup_path(backups.write_backup(workspace, now=now))
+    Entry.objects.filter(workspace=workspace).update(title="changed after the backup")
+    before = dump(workspace)
+    written = backups._update
+    calls: list[int] = []
+
+    def refused_second(kind: Any, updates: Any, ws_id: int) -> None:
+        written(kind, updates, ws_id)
+        calls.append(len(updates))
+        if len(calls) == 2:
+            with connection.cursor() as cursor:
+                cursor.execute(f"INSERT INTO {Tag._meta.db_table} (workspace_id, name) VALUES (NULL, NULL)")
+
+    monkeypatch.setattr(backups, "_update", refused_second)
+    with pytest.raises(BackupError, match="does not fit the rows written since"):
+        backups.restore_backup(path, force=True)
+    assert len(calls) == 2
+    assert dump(workspace) == before
