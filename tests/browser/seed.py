@@ -34,6 +34,44 @@ KEEPERS = [
 ]
 JUNK = ["wip...", "todo: (fix the", "tmp note..."]
 
+# The layout workspace: every table of the console with values as long as real ones get (long
+# titles, many tags, a project path, code anchors with deep paths and full commit hashes, API
+# keys named by purpose), for the layout tests to measure against the card.
+LONG_NOTES = [
+    (
+        "Nightly reconciliation batch exhausts the Postgres connection pool when the ledger export overlaps",
+        [
+            "postgresql",
+            "connection-pooling",
+            "incident-2024-11-07-ledger-export-overlap",
+            "payments-platform",
+            "on-call-runbook",
+        ],
+    ),
+    (
+        "Staging certificates are rotated with the vault CLI; then the ingress controller pods restart",
+        ["certificates", "kubernetes-ingress", "vault", "staging-environment"],
+    ),
+    (
+        "The search index rebuild (elasticsearch-reindex-nightly) takes about four minutes and blocks writes",
+        ["search", "elasticsearch", "maintenance-window", "write-availability"],
+    ),
+    (
+        "Feature flags for the checkout redesign live in LaunchDarkly under payments/checkout-v2-rollout",
+        ["feature-flags", "checkout-redesign", "launchdarkly"],
+    ),
+]
+LONG_OLD_NOTES = [
+    "Quarterly capacity review notes: the reporting replica ran at 85% CPU for most of the month-end close",
+    "Retired: the legacy SOAP endpoint https://legacy-billing.internal.example.test/ws/InvoiceService?wsdl",
+    "Temporary workaround for the flaky integration test test_reconcile_ledger_snapshot_across_timezones",
+]
+LONG_PROPOSED = [
+    "Old sprint retrospective: the deploy pipeline's container image cache was cold after the runner upgrade",
+    "Superseded on-call rota https://docs.example.test/spreadsheets/d/1a2B3c4D5e6F7g8H9i0J/edit#gid=0",
+]
+COMMIT = "9f4c2e7a1b3d5f6e8a0c2b4d6f8e0a1c3b5d7f9e"
+
 
 def seed(password: str) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
@@ -124,11 +162,124 @@ def seed(password: str) -> dict[str, Any]:
     out["approve_stale"] = runbook.pk
     out["approve_run"] = run_maintenance(workspace=appr, trigger="cli")
 
+    out.update(layout(workspace, now))
+
     # Apply mode: a run tombstoned the old notes; the browser restores one and runs again.
     held = workspace("holds", "Holds")
     out["holds_entries"] = old_notes(held)
     out["holds_run"] = run_maintenance(workspace=held, trigger="cli")
     return out
+
+
+def layout(workspace: Any, now: Any) -> dict[str, Any]:
+    """The "layout" workspace: long, realistic values in every table of every console page
+    (entries, the entry page's anchors, links, versions and history, runs with a backup, the
+    review tabs, API keys). ``workspace`` makes a workspace as seed() does."""
+    from maintenance.models import Dispute, MaintenancePolicy
+    from maintenance.runs import run_maintenance
+    from memory import services
+
+    ws = workspace("layout", "Payments platform (long values)")
+    policy = MaintenancePolicy.objects.get(workspace=ws)
+    policy.exclude_tags = ["do-not-expire", "compliance-retention-7y", "legal-hold-2024-q3"]
+    policy.save()
+    project = "payments-platform/reconciliation-service"
+    notes = [
+        services.entry_create(
+            workspace=ws,
+            title=title,
+            content=f"{title}.\n\nSeen again on 2024-11-07 by the on-call engineer; see the runbook.",
+            tags=tags,
+            project=project,
+            entry_type="observation",
+            source="agent",
+            pinned=i == 0,
+        )
+        for i, (title, tags) in enumerate(LONG_NOTES)
+    ]
+    entry = services.entry_create(
+        workspace=ws,
+        title="Ledger snapshot writer retries: back off exponentially, never more than five attempts",
+        content=(
+            "The ledger snapshot writer retries a failed COPY with an exponential back-off.\n"
+            "Config: services/reconciliation/internal/ledger/snapshot_writer_postgres.py (RETRY_POLICY)\n"
+            f"Introduced in commit {COMMIT}; the dashboard is at "
+            "https://grafana.example.test/d/reconciliation-ledger/ledger-snapshot-writer?orgId=1&var-env=production"
+        ),
+        tags=["reconciliation", "retries", "postgresql", "snapshot-writer", "incident-2024-11-07"],
+        project=project,
+        session_key="claude-code/session/7f3c9a2e-1b4d-4e8f-9a6c-2d5e8f1b3c7a",
+        external_id="jira:PAYMENTS-4821/comment/998877",
+        entry_type="decision",
+        anchors=[
+            {
+                "repo": "github.com/acme-corp/payments-platform-monorepo",
+                "path": "services/reconciliation/internal/ledger/snapshot_writer_postgres.py",
+                "commit": COMMIT,
+                "line_start": 120,
+                "line_end": 188,
+            },
+            {
+                "repo": "github.com/acme-corp/payments-platform-monorepo",
+                "path": "deploy/helm/charts/reconciliation-service/templates/cronjob-ledger-export.yaml",
+                "commit": COMMIT[::-1],
+                "line_start": 1,
+                "line_end": 64,
+            },
+        ],
+        links=[{"to_id": n.pk} for n in notes[:3]],
+    )
+    for step in ("five attempts", "five attempts, then page the on-call engineer"):
+        entry = services.entry_update(
+            workspace=ws,
+            entry_id=entry.pk,
+            content=f"{entry.content}\nAmended: {step}.",
+            actor="user:steward",
+        ).entry
+    for i in range(3):
+        services.entry_create(
+            workspace=ws,
+            content=f"Deploy freeze window {i + 1} of the payments platform: no schema migrations on Fridays",
+            tags=["deploy-freeze", "schema-migrations", f"release-train-2024-w{45 + i}"],
+            project="payments-platform/release-engineering",
+        )
+    for text in JUNK:
+        services.entry_create(workspace=ws, content=text, created_at=now - timedelta(days=40))
+    a = services.entry_create(
+        workspace=ws,
+        entry_type="rule",
+        content="Always run the ledger export after the reconciliation batch has released its connections",
+    )
+    b = services.entry_create(
+        workspace=ws,
+        entry_type="rule",
+        content="Never run the ledger export while any reconciliation batch is still scheduled for the night",
+    )
+    Dispute.objects.create(
+        workspace=ws, entry_a_id=a.pk, entry_b_id=b.pk, detected_by="sweep", similarity=0.83
+    )
+    for i, text in enumerate(LONG_OLD_NOTES):
+        services.entry_create(workspace=ws, content=text, created_at=now - timedelta(days=400 + i))
+    # Decay tombstones the old notes, after a backup: automatic changes, tombstones, a backup file.
+    first = run_maintenance(workspace=ws, trigger="cli")
+    run_maintenance(workspace=ws, trigger="ui", dry_run=True, actor="user:steward")
+    run_maintenance(workspace=ws, kind="hygiene", trigger="schedule")
+    # Then the workspace reviews first: a later run's proposals wait on the pending tab.
+    MaintenancePolicy.objects.filter(workspace=ws).update(review_mode="propose")
+    for i, text in enumerate(LONG_PROPOSED):
+        services.entry_create(workspace=ws, content=text, created_at=now - timedelta(days=420 + i))
+    agent, _ = services.api_key_create(
+        workspace=ws, name="claude-code-agent-payments-platform-reconciliation", role="operator"
+    )
+    run_maintenance(workspace=ws, trigger="api", actor=services.actor_for_key(agent))
+    for name, role in (
+        ("ci-pipeline-nightly-ledger-export-to-data-warehouse", "agent"),
+        ("grafana-dashboard-readonly-observability", "viewer"),
+    ):
+        services.api_key_create(workspace=ws, name=name, role=role, actor="user:steward")
+    revoked, _ = services.api_key_create(workspace=ws, name="old-laptop-cli-2023", role="agent")
+    services.api_key_revoke(workspace=ws, key_id=revoked.pk)
+    return {"layout_entry": entry.pk, "layout_run": first["run_id"]}
 
 
 def main() -> None:
