@@ -57,6 +57,17 @@ document.addEventListener("change", (event) => {
   if (form) htmx.trigger(form, "select-changed");
 });
 
+// An address htmx is about to push that is the one shown already is no new step of history:
+// it replaces it instead. Pressing Filter after one of the form's menus applied it asks for the
+// same address again; pushed, it made two steps of one filter, and the first Back went nowhere.
+// (htmx reads the update's type after this event: the detail holds the object itself.)
+document.addEventListener("htmx:beforeHistoryUpdate", (event) => {
+  const update = event.detail.history;
+  if (!update || update.type !== "push") return;
+  const next = new URL(update.path, location.href);
+  if (next.pathname === location.pathname && next.search === location.search) update.type = "replace";
+});
+
 // A form that gets (the filters of the review queue, the runs, the entries) sends only the
 // fields it has a value in: an empty one is "any", no filter, and would only clutter the
 // request and the address it pushes (?tab=hygiene&recommendation=&reason=); the server
