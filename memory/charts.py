@@ -4,12 +4,18 @@ Pure functions: data in, SVG markup out. Every piece of text that reaches the ma
 through ``escape`` and every number is formatted by us, so the result is marked safe only after
 that. Each chart is an ``<svg role="img">`` labelled by its ``<title>`` and ``<desc>``; each bar
 or point carries its own ``<title>`` (the browser's tooltip and what a screen reader reads).
+
+A chart scales with its card through its viewBox, and its text with it: drawn 560 wide, its
+11 px labels were 6 px on a phone. ``narrow=True`` draws it for a card about as wide as a
+phone's (320 wide, taller, fewer labels); ``responsive`` gives both, and the stylesheet shows
+the one that suits the card (a container query).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
@@ -25,6 +31,12 @@ MAX_X_LABELS = 6  # a time axis labels at most this many points, evenly spread
 MAX_BAR_WIDTH = 72.0  # wider slots centre a bar this wide
 MAX_BAR_LABELS = 10  # a bar chart labels every k-th bar past this many bars
 NICE_STEPS = (1.0, 2.0, 5.0)  # y tick steps: these times a power of ten
+# For a card about as wide as a phone (320 to 400 px): drawn at about its size, a chart's
+# labels keep their CSS size (11 px, never below 10 at 360 px); fewer of them fit.
+NARROW_WIDTH = 320
+NARROW_HEIGHT = 240
+NARROW_X_LABELS = 4
+NARROW_BAR_LABELS = 5
 
 
 def _num(value: float) -> str:
@@ -43,10 +55,13 @@ def _plot_box(width: int, height: int) -> tuple[float, float, float, float]:
     )
 
 
-def _open(chart_id: str, title: str, description: str, width: int, height: int) -> list[str]:
+def _open(
+    chart_id: str, title: str, description: str, width: int, height: int, narrow: bool = False
+) -> list[str]:
     cid = escape(chart_id)
+    css = "chart narrow" if narrow else "chart"
     return [
-        f'<svg class="chart" id="{cid}" xmlns="http://www.w3.org/2000/svg" '
+        f'<svg class="{css}" id="{cid}" xmlns="http://www.w3.org/2000/svg" '
         f'viewBox="0 0 {width} {height}" role="img" '
         f'aria-labelledby="{cid}-title {cid}-desc" preserveAspectRatio="xMidYMid meet">',
         f'<title id="{cid}-title">{escape(title)}</title>',
@@ -131,13 +146,17 @@ def bar_chart(
     width: int = WIDTH,
     height: int = HEIGHT,
     log_scale: bool = False,
+    narrow: bool = False,
 ) -> SafeString:
     """A vertical bar chart, one ``<rect class="bar">`` per (label, value); past
-    ``MAX_BAR_LABELS`` bars every k-th bar is labelled underneath (each bar's ``<title>`` names
-    it). ``log_scale``: heights by log(1 + value), so that a bin of 3 still shows beside one of
-    3,000 (the y ticks say so: 0, 1, 10, 100, …)."""
+    ``MAX_BAR_LABELS`` bars (``NARROW_BAR_LABELS`` narrow) every k-th bar is labelled
+    underneath (each bar's ``<title>`` names it). ``log_scale``: heights by log(1 + value), so
+    that a bin of 3 still shows beside one of 3,000 (the y ticks say so: 0, 1, 10, 100, …)."""
+    if narrow:
+        width, height = NARROW_WIDTH, NARROW_HEIGHT
     scale = "log scale" if log_scale else "linear scale"
-    parts = _open(chart_id, title, f"{len(bars)} bars: {x_label} against {y_label} ({scale})", width, height)
+    description = f"{len(bars)} bars: {x_label} against {y_label} ({scale})"
+    parts = _open(chart_id, title, description, width, height, narrow)
     if not bars:
         return _empty(parts, width, height, "No data yet")
     values = [max(0.0, float(v)) for _, v in bars]
@@ -161,7 +180,7 @@ def bar_chart(
     slot = pw / len(bars)
     gap = max(min(4.0, slot * 0.15), slot - MAX_BAR_WIDTH)  # a lone bar stays a bar, not a block
     base = y0 + ph
-    every = math.ceil(len(bars) / MAX_BAR_LABELS)
+    every = math.ceil(len(bars) / (NARROW_BAR_LABELS if narrow else MAX_BAR_LABELS))
     for i, ((label, _), value) in enumerate(zip(bars, values, strict=True)):
         h = ph * fraction(value)
         x = x0 + i * slot + gap / 2
@@ -188,10 +207,14 @@ def time_series(
     y_label: str,
     width: int = WIDTH,
     height: int = HEIGHT,
+    narrow: bool = False,
 ) -> SafeString:
     """A line through (label, value) points in order, one ``<circle class="point">`` each; at
-    most ``MAX_X_LABELS`` labels on the x axis, always the first and the last."""
-    parts = _open(chart_id, title, f"{len(points)} points: {y_label} by {x_label}", width, height)
+    most ``MAX_X_LABELS`` labels on the x axis (``NARROW_X_LABELS`` narrow), always the first
+    and the last."""
+    if narrow:
+        width, height = NARROW_WIDTH, NARROW_HEIGHT
+    parts = _open(chart_id, title, f"{len(points)} points: {y_label} by {x_label}", width, height, narrow)
     if not points:
         return _empty(parts, width, height, "No data yet")
     values = [max(0.0, float(v)) for _, v in points]
@@ -207,7 +230,7 @@ def time_series(
         f'<polygon class="area" points="{_num(xs[0])},{_num(base)} {path} {_num(xs[-1])},{_num(base)}"/>'
     )
     parts.append(f'<polyline class="line" points="{path}"/>')
-    shown = min(len(points), MAX_X_LABELS)
+    shown = min(len(points), NARROW_X_LABELS if narrow else MAX_X_LABELS)
     last = len(points) - 1
     labelled = {round(j * last / (shown - 1)) for j in range(shown)} if shown > 1 else {0}
     for i, ((label, _), x, y, value) in enumerate(zip(points, xs, ys, values, strict=True)):
@@ -224,3 +247,13 @@ def time_series(
             )
     parts.append("</svg>")
     return mark_safe("".join(parts))  # safe: labels escaped, numbers formatted here
+
+
+def responsive(
+    draw: Callable[..., SafeString], data: Sequence[tuple[str, float]], **options: Any
+) -> SafeString:
+    """``draw`` (``bar_chart`` or ``time_series``) twice: for a wide card, then narrow for a
+    phone's (its id ends in ``-narrow``). The stylesheet shows one of them."""
+    chart_id = options.pop("chart_id")
+    wide = draw(data, chart_id=chart_id, **options)
+    return wide + draw(data, chart_id=f"{chart_id}-narrow", narrow=True, **options)

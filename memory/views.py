@@ -77,7 +77,8 @@ def _dashboard_context(console: Console, result: MaintenanceRun | None) -> dict[
         "console": console,
         # "Entries by status": the same rows, through the same function, as a run's end pushes.
         **live.status_context(workspace),
-        "growth_chart": charts.time_series(
+        "growth_chart": charts.responsive(
+            charts.time_series,
             [(p.label, p.total) for p in growth],
             chart_id="growth-chart",
             title="Memories created over time (cumulative)",
@@ -85,7 +86,8 @@ def _dashboard_context(console: Console, result: MaintenanceRun | None) -> dict[
             y_label="memories",
         ),
         "growth_unit": unit,
-        "histogram_chart": charts.bar_chart(
+        "histogram_chart": charts.responsive(
+            charts.bar_chart,
             list(zip(histogram.labels, histogram.counts, strict=True)),
             chart_id="importance-chart",
             title="Importance of live memories",

@@ -229,9 +229,10 @@ def test_the_dashboard_shows_counts_charts_runs_and_the_next_run(client, workspa
 
     assert re.search(r'status=active"><span class="stat-n">3</span>', body)
     assert re.search(r'status=archived"><span class="stat-n">1</span>', body)
-    assert body.count("<svg") == 2
+    # Two charts, each drawn for a wide card and for a phone's (the stylesheet shows one).
+    assert body.count('<svg class="chart" ') == 2 and body.count('<svg class="chart narrow" ') == 2
     # One bar per bin, the bins fitted to the importances the live memories span.
-    assert body.count('class="bar"') == len(console_selectors.importance_histogram(workspace).counts)
+    assert body.count('class="bar"') == 2 * len(console_selectors.importance_histogram(workspace).counts)
     assert 'id="live-runs"' in body
     run = MaintenanceRun.objects.get()
     assert f"/console/{workspace.slug}/runs/{run.pk}/" in body
