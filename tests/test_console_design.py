@@ -83,7 +83,7 @@ def test_untitled_entries_are_named_by_their_first_line_on_every_page(client, wo
             "automatic",
             "tombstones",
         )
-    assert f">{first.format(0)}</a>" in pages["entries"]
+    assert f"#{restored.pk} {first.format(0)}</a>" in pages["entries"]
     assert f"<h1>{first.format(0)} <small" in pages["entry"]
     assert f"#{entries[1].pk} {first.format(1)}</a>" in pages["automatic"]
     assert f"#{entries[2].pk} {first.format(2)}</a>" in pages["tombstones"]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django import template
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
 
 from memory import capped as capping
 
@@ -47,6 +50,16 @@ def excerpt_after_label(text: Any, title: Any = "") -> str:
         return text
     lines = text.lstrip().splitlines()
     return "\n".join(lines[1:]).strip()
+
+
+@register.filter
+def breakable(text: Any) -> SafeString:
+    """``text`` escaped, with a line-break opportunity (``<wbr>``) after each underscore, slash
+    and colon: an identifier such as ``development_note``, a path such as ``src/app/views.py``
+    or an actor such as ``key:msk_AbC123`` wraps there in a narrow column instead of widening
+    it or splitting one of its words (a browser breaks a line after a hyphen, not after an
+    underscore, a slash or a colon)."""
+    return mark_safe(re.sub(r"([_/:])", r"\1<wbr>", escape(str(text))))  # safe: escaped just before
 
 
 @register.filter
