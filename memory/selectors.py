@@ -134,7 +134,8 @@ def workspace_summaries(user: Any) -> list[dict[str, Any]]:
         {
             "workspace": ws,
             "counts": counts.get(ws.pk, {}),
-            "cells": [counts.get(ws.pk, {}).get(status, 0) for status in Status.values],
+            # (status, count) in the order of Status: a table's columns, each cell named by its status.
+            "cells": [(status, counts.get(ws.pk, {}).get(status, 0)) for status in Status.values],
         }
         for ws in workspaces
     ]

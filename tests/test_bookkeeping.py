@@ -311,7 +311,8 @@ def test_the_console_run_history_shows_the_folded_counts_per_day(client, workspa
     day = (now - timedelta(days=10)).date().isoformat()
     assert "4 older runs that changed nothing" in html
     section = html[html.index('id="run-days"') :]
-    assert f">{day}</time></td><td>decay</td>" in section and '<td class="num">3</td>' in section
+    assert f'>{day}</time></td><td data-label="Kind">decay</td>' in section
+    assert '<td class="num" data-label="Runs">3</td>' in section
     filtered = client.get("/console/acme/runs/?kind=full").content.decode()
     assert "1 older run that changed nothing" in filtered
 

@@ -33,7 +33,7 @@ def member_of(*workspaces: Workspace, username: str = "mia") -> Any:
 def row_counts(html: str, slug: str) -> dict[str, int]:
     """The status → count cells of the table row that names ``slug``."""
     row = next(r for r in re.findall(r"<tr>(.*?)</tr>", html, re.S) if f"<strong>{slug}</strong>" in r)
-    cells = [int(n) for n in re.findall(r'<td class="num">(\d+)</td>', row)]
+    cells = [int(n) for n in re.findall(r'<td class="num"[^>]*>(\d+)</td>', row)]
     return dict(zip(Status.values, cells, strict=True))
 
 
