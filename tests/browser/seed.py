@@ -177,7 +177,8 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
     review tabs, API keys). ``workspace`` makes a workspace as seed() does."""
     from maintenance.models import Dispute, MaintenancePolicy
     from maintenance.runs import run_maintenance
-    from memory import services
+    from memory import holds, services
+    from memory.models import HoldReason
 
     ws = workspace("layout", "Payments platform (long values)")
     policy = MaintenancePolicy.objects.get(workspace=ws)
@@ -242,6 +243,8 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
             content=f"Deploy freeze window {i + 1} of the payments platform: no schema migrations on Fridays",
             tags=["deploy-freeze", "schema-migrations", f"release-train-2024-w{45 + i}"],
             project="payments-platform/release-engineering",
+            entry_type="development_note",
+            tier="constitutional" if i == 0 else "procedural",
         )
     for text in JUNK:
         services.entry_create(workspace=ws, content=text, created_at=now - timedelta(days=40))
@@ -262,6 +265,9 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
         services.entry_create(workspace=ws, content=text, created_at=now - timedelta(days=400 + i))
     # Decay tombstones the old notes, after a backup: automatic changes, tombstones, a backup file.
     first = run_maintenance(workspace=ws, trigger="cli")
+    # An operator's hold on one of them: its badge names who, since when and why.
+    held = first["affected"]["tombstoned"][:1]
+    holds.hold(ws, held, reason=HoldReason.REJECT, actor="user:steward", now=now)
     run_maintenance(workspace=ws, trigger="ui", dry_run=True, actor="user:steward")
     run_maintenance(workspace=ws, kind="hygiene", trigger="schedule")
     # Then the workspace reviews first: a later run's proposals wait on the pending tab.
