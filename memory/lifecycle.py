@@ -327,37 +327,54 @@ def _close_tombstones(workspace_id: int, ids: list[int], now: datetime) -> None:
 # --- the announcement -------------------------------------------------------------------------
 
 
-class _Changed:
-    """What one transaction (or one ``coalesced`` block) changed in one workspace, waiting for
-    the commit: the callable ``transaction.on_commit`` runs."""
+class _Changes:
+    """What one transaction (or one ``coalesced`` block) changed in one workspace, until it is
+    told."""
 
     def __init__(self, workspace_id: int) -> None:
         self.workspace_id = workspace_id
         self.statuses: set[str] = set()
         self.count = 0
+        self.told = False
 
     def add(self, statuses: Iterable[str], count: int) -> None:
         self.statuses.update(statuses)
         self.count += count
 
+
+class _Tell:
+    """The commit hook of one change: the first hook of a transaction's changes to run tells
+    them all (every change registers its own hook, so that one registered inside a savepoint
+    rolled back since, or one a test captures apart, loses nothing); the others find them
+    told."""
+
+    def __init__(self, changes: _Changes) -> None:
+        self.changes = changes
+
     def __call__(self) -> None:
+        changes = self.changes
+        if changes.told:
+            return
+        changes.told = True
         waiting = _waiting.get()
         if waiting is not None:  # inside coalesced(): told at its end
-            waiting.setdefault(self.workspace_id, _Changed(self.workspace_id)).add(self.statuses, self.count)
+            waiting.setdefault(changes.workspace_id, _Changes(changes.workspace_id)).add(
+                changes.statuses, changes.count
+            )
             return
         try:
             entries_changed.send_robust(
                 sender=Entry,
-                workspace_id=self.workspace_id,
-                statuses=frozenset(self.statuses),
-                count=self.count,
+                workspace_id=changes.workspace_id,
+                statuses=frozenset(changes.statuses),
+                count=changes.count,
             )
         except Exception:  # an announcement never breaks the write that made it
-            log.exception("change of workspace %s not announced", self.workspace_id)
+            log.exception("change of workspace %s not announced", changes.workspace_id)
 
 
 # Inside ``coalesced()``: the changes committed so far, per workspace.
-_waiting: ContextVar[dict[int, _Changed] | None] = ContextVar("lifecycle_waiting", default=None)
+_waiting: ContextVar[dict[int, _Changes] | None] = ContextVar("lifecycle_waiting", default=None)
 
 
 def announce(workspace_id: int, statuses: Iterable[str] = (), count: int = 0) -> None:
@@ -367,15 +384,21 @@ def announce(workspace_id: int, statuses: Iterable[str] = (), count: int = 0) ->
     announcement per workspace — also those of a savepoint rolled back since, which may then be
     announced: receivers read committed state."""
     conn = transaction.get_connection()
+    changes = None
     if conn.in_atomic_block:
         for hook in conn.run_on_commit:
-            waiting = hook[1]
-            if isinstance(waiting, _Changed) and waiting.workspace_id == workspace_id:
-                waiting.add(statuses, count)
-                return
-    changed = _Changed(workspace_id)
-    changed.add(statuses, count)
-    transaction.on_commit(changed)
+            told = hook[1]
+            if (
+                isinstance(told, _Tell)
+                and told.changes.workspace_id == workspace_id
+                and not told.changes.told
+            ):
+                changes = told.changes
+                break
+    if changes is None:
+        changes = _Changes(workspace_id)
+    changes.add(statuses, count)
+    transaction.on_commit(_Tell(changes))
 
 
 @contextmanager
@@ -393,5 +416,5 @@ def coalesced() -> Iterator[None]:
     finally:
         waiting = _waiting.get() or {}
         _waiting.reset(token)
-        for changed in waiting.values():
-            transaction.on_commit(changed)
+        for changes in waiting.values():
+            transaction.on_commit(_Tell(changes))
