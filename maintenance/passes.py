@@ -617,7 +617,7 @@ def purge_lineages(
     version with its links, anchors, tags, access rows and disputes. The Tombstones stay as
     content-free records (purged_at set, entry cleared) and a 'purged' LifecycleEvent is written
     per lineage. Returns the purged entry ids (``entry_ref``). Writes no backup: that is the
-    caller's duty, before it calls this."""
+    caller's duty, before it calls this. Announced after commit (``memory.lifecycle.announce``)."""
     rows = list(tombstone_rows)
     if not rows:
         return []
@@ -644,6 +644,7 @@ def purge_lineages(
         )
         for r in rows
     )
+    lifecycle.announce(workspace.pk, ["purged"], len(rows))
     return [r["entry_ref"] for r in rows]
 
 

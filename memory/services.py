@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from maintenance.models import MaintenancePolicy
 from maintenance.scoring_db import rescore
-from memory import holds, lifecycle, live, rawsql, scoring
+from memory import holds, lifecycle, rawsql, scoring
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import (
     CAUSAL_TYPES,
@@ -1225,7 +1225,6 @@ def entry_purge(
         if not rows:
             raise Conflict(f"entry {entry.pk} was restored or purged meanwhile; nothing was purged")
         purge_lineages(workspace, rows, now, actor=actor, automatic=False)
-        live.announce_queue(workspace.pk)
     return {
         "purged": True,
         "entry_id": rows[0]["entry_ref"],
