@@ -338,7 +338,7 @@ class _Changes:
         self.told = False
 
     def add(self, statuses: Iterable[str], count: int) -> None:
-        self.statuses.update(statuses)
+        self.statuses.update(str(status) for status in statuses)
         self.count += count
 
 
