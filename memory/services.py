@@ -1,8 +1,9 @@
 """Every write to memories goes through these functions.
 
 Each is keyword-only, runs in one transaction, scopes every lookup to the workspace it is
-given (another workspace's id is simply not found), records a LifecycleEvent for every status
-change, and refreshes the stored scores of every entry whose score inputs it changed.
+given (another workspace's id is simply not found), changes a status only through
+``memory.lifecycle`` (its LifecycleEvent, Tombstone and announcement with it), and refreshes the
+stored scores of every entry whose score inputs it changed.
 """
 
 from __future__ import annotations
