@@ -64,6 +64,7 @@ from django.db import DataError, IntegrityError, connection, models, transaction
 from django.utils import timezone
 
 from maintenance.models import Backup, BackupReason, Dispute, MaintenancePolicy, MaintenanceRun
+from memory import lifecycle
 from memory.errors import InvalidInput, ServiceError
 from memory.models import (
     CodeAnchor,
@@ -1458,6 +1459,8 @@ def _restore(
                 cursor.execute(sql)
         # Deferred foreign keys would otherwise fail only at commit, with a less useful message.
         connection.check_constraints(table_names=[m._meta.db_table for m in writer.touched])
+    # Statuses, tombstones and events may all have changed: open pages are told after commit.
+    lifecycle.announce(workspace.pk, count=writer.inserted["entry"] + writer.overwritten["entry"])
 
     return {
         "workspace": slug,

@@ -103,7 +103,7 @@ from maintenance.passes import PassResult, RunContext
 from maintenance.plan_status import status_in
 from maintenance.scoring_db import refresh_scores
 from maintenance.text import content_words, words
-from memory import holds, live, services
+from memory import holds, lifecycle, live, services
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import (
     LISTED_STATUSES,
@@ -539,7 +539,8 @@ def resolve(
         pk = 0
     if not 0 < pk < 2**63:  # no database holds a larger id
         raise NotFound(f"dispute {dispute_id!r} not found")
-    with transaction.atomic():
+    # The loser's archive and the holds reach open pages as one update, after the commit.
+    with live.coalesced(), transaction.atomic():
         dispute = Dispute.objects.select_for_update().filter(workspace=workspace, pk=pk).first()
         if dispute is None:
             raise NotFound(f"dispute {pk} not found")
@@ -577,7 +578,7 @@ def resolve(
                     now=now,
                 )
             if _current(loser, (Status.STAGED, Status.ACTIVE, Status.STALE)):
-                services.change_status(
+                lifecycle.change_entry(
                     loser,
                     Status.ARCHIVED,
                     reason=ARCHIVE_REASON,

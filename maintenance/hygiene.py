@@ -67,7 +67,7 @@ import itertools
 import json
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -99,13 +99,12 @@ from maintenance.passes import PassResult, RunContext, latest, transition, unpro
 from maintenance.plan_status import status_in
 from maintenance.scoring_db import refresh_scores
 from maintenance.text import content_words, normalise
-from memory import holds, live
+from memory import holds, lifecycle
 from memory.capped import capped_count
 from memory.models import (
     LIVE_STATUSES,
     Entry,
     HoldReason,
-    LifecycleEvent,
     Source,
     Status,
     Workspace,
@@ -1063,7 +1062,8 @@ def apply(
 ) -> dict[str, list[Any]]:
     """Archive the requested entries that are in a fresh preview (still eligible, score ≥ 2).
     Anything else — unknown ids, other workspaces' ids, no longer eligible — is skipped. One
-    transaction: one UPDATE and the LifecycleEvents (reason ``hygiene``, with the reasons)."""
+    transaction: the one status change (``memory.lifecycle``) with each entry's event (reason
+    ``hygiene``) carrying its score and reasons."""
     now = now or timezone.now()
     requested, invalid = _requested(ids)
     fresh = {c.id: c for c in candidates(workspace)}
@@ -1076,30 +1076,20 @@ def apply(
                 _eligible(workspace, policy)
                 .filter(pk__in=wanted)
                 .select_for_update(of=("self",))
-                .values_list("pk", "status")
+                .values_list("pk", flat=True)
             )
-            archived = sorted(pk for pk, _ in rows)
-            Entry.objects.filter(pk__in=archived).update(
-                status=Status.ARCHIVED, status_changed_at=now, archived_at=now, updated_at=now
-            )
-            LifecycleEvent.objects.bulk_create(
-                LifecycleEvent(
-                    workspace=workspace,
-                    entry_id=pk,
-                    entry_ref=pk,
-                    from_status=from_status,
-                    to_status=Status.ARCHIVED,
-                    reason="hygiene",
-                    actor=actor,
-                    automatic=False,
-                    created_at=now,
-                    details=_details(fresh[pk]),
-                )
-                for pk, from_status in rows
+            archived = sorted(rows)
+            lifecycle.change_status(
+                workspace.pk,
+                archived,
+                Status.ARCHIVED,
+                reason="hygiene",
+                actor=actor,
+                now=now,
+                details_of={pk: _details(fresh[pk]) for pk in archived},
             )
         if archived:
             refresh_scores(workspace, now=now, ids=[*archived, *neighbour_ids(archived)])
-            live.announce_queue(workspace.pk)
     done = set(archived)
     return {"archived": archived, "skipped": [i for i in requested if i not in done] + invalid}
 
@@ -1163,8 +1153,8 @@ def archive_low_quality(ctx: RunContext, *, only: Iterable[int] | None = None) -
             unprotected(latest(ctx).filter(status_in([Status.ACTIVE]), pk__in=chunk), ctx),
             to_status=Status.ARCHIVED,
             reason="low_quality",
+            details_of={i: _details(picked[i]) for i in chunk},
         )
-        _explain(ctx, done.ids, picked)
         result.ids += done.ids
     result.values = {i: _details(picked[i]) for i in result.ids}
     result.count = len(result.ids)
@@ -1178,14 +1168,3 @@ def _protected_but_holds(ctx: RunContext) -> Any:
         exclude_tags=ctx.policy.exclude_tags,
         holds=False,
     )
-
-
-def _explain(ctx: RunContext, ids: list[int], picked: Mapping[int, Candidate]) -> None:
-    """Store each archived entry's score and reasons on its pass-6 event (one UPDATE)."""
-    if not ids:
-        return
-    events = list(LifecycleEvent.objects.filter(run=ctx.run, reason="low_quality", entry_id__in=ids))
-    for event in events:
-        if event.entry_id is not None:
-            event.details = _details(picked[event.entry_id])
-    LifecycleEvent.objects.bulk_update(events, ["details"])

@@ -11,20 +11,19 @@ archives or tombstones goes through them.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Coalesce, Least
 
 from maintenance import plan_status
 from maintenance.plan_status import status_in
 from maintenance.scoring_db import counted_end, plan_scores, refresh_scores
-from memory import rawsql
+from memory import lifecycle
 from memory.models import (
     LISTED_STATUSES,
     Entry,
@@ -197,9 +196,11 @@ def transition(
     tombstone_reason: str | None = None,
     destructive: bool = False,
     detail_fields: tuple[str, ...] = (),
+    details_of: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> PassResult:
     """Move every candidate to ``to_status`` in batches: one transaction per batch holding the
-    status UPDATE, the LifecycleEvents and (for tombstones) the Tombstone rows.
+    status UPDATE, the LifecycleEvents and (for tombstones) the Tombstone rows, written by
+    ``memory.lifecycle.change_status`` (``details_of``: the details of each entry's event).
 
     The candidates' ids are read once (one statement); each batch then locks its ids and reads
     them again through the whole predicate, so a row that stopped qualifying meanwhile (an
@@ -226,14 +227,18 @@ def transition(
             if destructive and not result.ids:
                 ctx.before_destructive()
             ids = [r["pk"] for r in rows]
-            # The records read the rows' status before it changes (the rows are locked).
-            _events(ctx, ids, to_status=to_status, reason=reason)
-            if tombstone_reason:
-                _tombstones(ctx, ids, tombstone_reason)
-            changes: dict[str, Any] = {"status": to_status, "status_changed_at": ctx.now}
-            if to_status == Status.ARCHIVED:
-                changes["archived_at"] = ctx.now
-            Entry.objects.filter(pk__any_of=ids).update(**changes)
+            lifecycle.change_status(
+                ctx.workspace.pk,
+                ids,
+                to_status,
+                **_automatic(ctx, reason),
+                tombstone=lifecycle.Tombstoning(
+                    tombstone_reason, ctx.now + timedelta(days=ctx.policy.purge_grace_days)
+                )
+                if tombstone_reason
+                else None,
+                details_of={i: details_of[i] for i in ids if i in details_of} if details_of else None,
+            )
             result.ids += ids
         ctx.heartbeat()
     result.count = len(result.ids)
@@ -304,6 +309,17 @@ def score(ctx: RunContext) -> PassResult:
     return PassResult(count=n)
 
 
+# What graduation changes besides the status, in the same UPDATE.
+GRADUATION = {
+    "trust_score": Least(Coalesce(F("trust_score"), Value(0.5)) + Value(0.25), Value(0.9)),
+    "impact_score": Least(Coalesce(F("impact_score"), Value(0.0)) + Value(0.15), Value(0.9)),
+    "entry_type": Case(
+        When(staged_class__in=[StagedClass.PROCEDURAL, StagedClass.CONCEPTUAL], then=Value(EntryType.LESSON)),
+        default=F("entry_type"),
+    ),
+}
+
+
 def graduate_staged(ctx: RunContext) -> PassResult:
     """2. Staged procedural/conceptual/reference traces that proved useful (reinforced, or
     dispatched into an agent's context at least twice) become active lessons."""
@@ -327,19 +343,8 @@ def graduate_staged(ctx: RunContext) -> PassResult:
                 break
             last = rows[-1]["pk"]
             ids = [r["pk"] for r in rows]
-            _events(ctx, ids, to_status=Status.ACTIVE, reason="graduate")  # before the change
-            Entry.objects.filter(pk__in=ids).update(
-                status=Status.ACTIVE,
-                status_changed_at=ctx.now,
-                trust_score=Least(Coalesce(F("trust_score"), Value(0.5)) + Value(0.25), Value(0.9)),
-                impact_score=Least(Coalesce(F("impact_score"), Value(0.0)) + Value(0.15), Value(0.9)),
-                entry_type=Case(
-                    When(
-                        staged_class__in=[StagedClass.PROCEDURAL, StagedClass.CONCEPTUAL],
-                        then=Value(EntryType.LESSON),
-                    ),
-                    default=F("entry_type"),
-                ),
+            lifecycle.change_status(
+                ctx.workspace.pk, ids, Status.ACTIVE, **_automatic(ctx, "graduate"), columns=GRADUATION
             )
             Entry.tags.through.objects.bulk_create(
                 [Entry.tags.through(entry_id=i, tag_id=t.pk) for i in ids for t in tags],
@@ -612,7 +617,7 @@ def purge_lineages(
     version with its links, anchors, tags, access rows and disputes. The Tombstones stay as
     content-free records (purged_at set, entry cleared) and a 'purged' LifecycleEvent is written
     per lineage. Returns the purged entry ids (``entry_ref``). Writes no backup: that is the
-    caller's duty, before it calls this."""
+    caller's duty, before it calls this. Announced after commit (``memory.lifecycle.announce``)."""
     rows = list(tombstone_rows)
     if not rows:
         return []
@@ -639,6 +644,7 @@ def purge_lineages(
         )
         for r in rows
     )
+    lifecycle.announce(workspace.pk, ["purged"], len(rows))
     return [r["entry_ref"] for r in rows]
 
 
@@ -673,89 +679,14 @@ def _tags(workspace: Workspace, names: Iterable[str]) -> list[Tag]:
     return list(Tag.objects.filter(workspace=workspace, name__in=names))
 
 
-def _insert_from_entries(
-    model: type[Any], values: Mapping[str, str], ids: list[int], params: list[Any]
-) -> None:
-    """One row of ``model`` per entry of ``ids``, in id order: ``INSERT INTO model (columns)
-    SELECT expressions FROM memory_entry WHERE id IN ids ORDER BY id`` — ``values`` maps each field to an SQL
-    expression over the entry's columns (``%s`` placeholders take ``params`` in order). A
-    model instance per row through ``bulk_create`` cost 65 µs a row against 14 (measured on
-    20,000 events, PostgreSQL): a first run of a million entries writes ~800,000 events."""
-    where, id_params = rawsql.in_values(ids)
-    columns = ", ".join(rawsql.column(model, name) for name in values)
-    rawsql_id = rawsql.column(Entry, "id")
-    sql = (
-        f"INSERT INTO {rawsql.table(model)} ({columns}) SELECT {', '.join(values.values())} "
-        f"FROM {rawsql.table(Entry)} WHERE {rawsql_id} {where} ORDER BY {rawsql_id}"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *id_params])
-
-
-def _events(ctx: RunContext, ids: list[int], *, to_status: str, reason: str) -> None:
-    """The automatic LifecycleEvent of each entry of ``ids``, from its current status: called
-    in the batch's transaction (the rows locked), before the status changes."""
-    if ctx.planning or not ids:
-        # The plan is rolled back and no pass reads the events of its own run (the bookkeeping
-        # pass reclaims only events older than the audit retention): inserting them there,
-        # one per change, was work undone at once.
-        return
-    col = functools.partial(rawsql.column, Entry)
-    _insert_from_entries(
-        LifecycleEvent,
-        {
-            "workspace": col("workspace"),
-            "entry": col("id"),
-            "entry_ref": col("id"),
-            "from_status": col("status"),
-            "to_status": "%s",
-            "reason": "%s",
-            "run": "%s",
-            "actor": "%s",
-            "automatic": "%s",
-            "created_at": "%s",
-            "details": "%s",
-        },
-        ids,
-        [
-            to_status,
-            reason,
-            ctx.run_id,
-            ctx.actor,
-            True,
-            connection.ops.adapt_datetimefield_value(ctx.now),
-            connection.ops.adapt_json_value({}, None),
-        ],
-    )
-
-
-def _tombstones(ctx: RunContext, ids: list[int], reason: str) -> None:
-    """The Tombstone of each entry of ``ids``, its previous status read from the row: called
-    with ``_events``, before the status changes."""
-    col = functools.partial(rawsql.column, Entry)
-    lineage = f"COALESCE({col('lineage_id')}, {col('id')})"
-    grace = timedelta(days=ctx.policy.purge_grace_days)
-    _insert_from_entries(
-        Tombstone,
-        {
-            "workspace": col("workspace"),
-            "entry": col("id"),
-            "entry_ref": col("id"),
-            "lineage_ref": lineage,
-            "content_hash": col("content_hash"),
-            "reason": "%s",
-            "previous_status": col("status"),
-            "run": "%s",
-            "actor": "%s",
-            "created_at": "%s",
-            "purge_after": "%s",
-        },
-        ids,
-        [
-            reason,
-            ctx.run_id,
-            ctx.actor,
-            connection.ops.adapt_datetimefield_value(ctx.now),
-            connection.ops.adapt_datetimefield_value(ctx.now + grace),
-        ],
-    )
+def _automatic(ctx: RunContext, reason: str) -> dict[str, Any]:
+    """The event of a pass's change: automatic, of the run, by its actor — none in the plan,
+    which is rolled back and whose passes never read the events of their own run."""
+    return {
+        "reason": reason,
+        "actor": ctx.actor,
+        "now": ctx.now,
+        "automatic": True,
+        "run_id": ctx.run_id,
+        "record": not ctx.planning,
+    }

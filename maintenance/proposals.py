@@ -30,7 +30,7 @@ from maintenance import backups, lease, passes
 from maintenance.models import MaintenanceRun, Proposal, ProposalAction, ProposalStatus, RunKind
 from maintenance.passes import PassResult, RunContext
 from maintenance.scoring_db import refresh_scores
-from memory import holds, live
+from memory import holds, lifecycle, live
 from memory.errors import Conflict, InvalidInput
 from memory.models import (
     MANAGED_SOURCES,
@@ -376,12 +376,30 @@ def approve(
     apply trip the circuit breaker without ``force``; the pre-prune backup is written before
     anything changes. Should a group fail midway (the lease lost, the database gone), what was
     applied is closed ``approved`` and the rest stays open."""
-    from maintenance.runs import effective_policy, live_count, tombstones_trip
-
     now = now or timezone.now()
     holder = lease.new_holder()
     if not lease.acquire(workspace, holder=holder, now=timezone.now()):
         raise Conflict("a maintenance run is working on this workspace; approve again when it has ended")
+    # Open pages hear once, at the end, of the entries changed and the proposals closed.
+    with live.coalesced(), lifecycle.coalesced():
+        return _approve(
+            workspace, ids=ids, all=all, reason=reason, actor=actor, force=force, now=now, holder=holder
+        )
+
+
+def _approve(
+    workspace: Workspace,
+    *,
+    ids: Iterable[Any] | None,
+    all: bool,
+    reason: str | None,
+    actor: str,
+    force: bool,
+    now: datetime,
+    holder: str,
+) -> dict[str, Any]:
+    from maintenance.runs import effective_policy, live_count, tombstones_trip
+
     try:
         # Read after taking the lease: a run that just ended may have superseded some.
         chosen, skipped = _selected(workspace, ids=ids, all=all, reason=reason)

@@ -14,15 +14,15 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from maintenance.models import MaintenanceRun
 from maintenance.scoring_db import refresh_scores
-from memory import holds, live, rawsql
+from memory import holds, lifecycle
 from memory.errors import NotFound
-from memory.models import Entry, HoldReason, LifecycleEvent, Relationship, Status, Tombstone, Workspace
+from memory.models import Entry, HoldReason, LifecycleEvent, Relationship, Status, Workspace
 from memory.services import link_partners
 
 REVERTIBLE_TO = (Status.ARCHIVED, Status.TOMBSTONED, Status.STALE)
@@ -104,7 +104,7 @@ def revert_events(
     reverted: list[int] = []
     skipped: list[int] = []
     entry_ids = sorted(by_entry)
-    with live.coalesced():  # open pages hear of the revert once, not once per batch
+    with lifecycle.coalesced():  # open pages hear of the revert once, not once per batch
         for start in range(0, len(entry_ids), REVERT_BATCH):
             chunk = {entry_id: by_entry[entry_id] for entry_id in entry_ids[start : start + REVERT_BATCH]}
             done, passed = _revert_batch(workspace, chunk, actor=actor, now=now)
@@ -140,40 +140,26 @@ def _revert_batch(
             reverted.append(entry_id)
         # The operator's decision sticks: the next run must not redo what was just undone. The
         # hold is placed in the same UPDATE as the status (one rewrite of each wide row, not two).
+        # Each entry's event names the run and the event it undoes.
         hold = holds.columns(HoldReason.REVERT, actor, now)
-        for (from_status, to_status), ids in groups.items():
-            changes: dict[str, Any] = {"status": to_status, "status_changed_at": now, **hold}
-            if to_status != Status.ARCHIVED:
-                changes["archived_at"] = None
-            Entry.objects.filter(pk__any_of=ids, status=from_status).update(**changes)
-        # Out of the tombstone: its record is closed, and the links to it count again.
-        untombed = [i for (was, _), ids in groups.items() if was == Status.TOMBSTONED for i in ids]
-        if untombed:
-            Tombstone.objects.filter(
-                entry_id__any_of=untombed, restored_at__isnull=True, purged_at__isnull=True
-            ).update(restored_at=now)
-        newest_by_entry = {entry_id: by_entry[entry_id][-1] for entry_id in reverted}  # lists are sorted
-        _record_reverts(
-            workspace,
-            [
-                # The run's id, not the row: reading each event's run would be one query per entry.
-                (
-                    entry_id,
-                    current[entry_id],
-                    to,
-                    newest_by_entry[entry_id].run_id,
-                    newest_by_entry[entry_id].pk,
-                )
-                for (_, to), ids in groups.items()
-                for entry_id in ids
-            ],
-            actor=actor,
-            now=now,
-        )
+        for (_, to_status), ids in groups.items():
+            lifecycle.change_status(
+                workspace.pk,
+                ids,
+                to_status,
+                reason="revert",
+                actor=actor,
+                now=now,
+                details={"hold": HoldReason.REVERT},
+                run_of={entry_id: by_entry[entry_id][-1].run_id for entry_id in ids},  # lists are sorted
+                reverts_of={entry_id: by_entry[entry_id][-1].pk for entry_id in ids},
+                columns=hold,
+            )
         if undone:
             LifecycleEvent.objects.filter(pk__any_of=[e.pk for e in undone]).update(reverted_at=now)
-        if reverted:
-            live.announce_queue(workspace.pk)  # the holds placed (coalesced by revert_events)
+        # Out of the tombstone: the links to it count again.
+        untombed = [i for (was, _), ids in groups.items() if was == Status.TOMBSTONED for i in ids]
+        if untombed:
             _rescore_link_ends(workspace, untombed, now=now)
     return reverted, skipped
 
@@ -188,56 +174,6 @@ def _rescore_link_ends(workspace: Workspace, entry_ids: list[int], *, now: datet
     ends = link_partners(entry_ids)
     if ends:
         refresh_scores(workspace, now=now, ids=ends)
-
-
-_REVERT_EVENT = (
-    "workspace",
-    "entry",
-    "entry_ref",
-    "from_status",
-    "to_status",
-    "reason",
-    "run",
-    "actor",
-    "automatic",
-    "reverts",
-    "created_at",
-    "details",
-)
-
-
-def _record_reverts(
-    workspace: Workspace, rows: list[tuple[int, str, str, int | None, int]], *, actor: str, now: datetime
-) -> None:
-    """The LifecycleEvent of each reverted entry — (entry, from, to, run, reverted event). On
-    PostgreSQL one INSERT … SELECT over arrays of the varying columns: one prepared INSERT per
-    row (``executemany``) took 38 µs a row, 11 s of a whole-run revert of 293,000 entries, and a
-    model instance per row through ``bulk_create`` twice that. SQLite, in process, runs the
-    prepared INSERT per row."""
-    if not rows:
-        return
-    ops = connection.ops
-    at, details = ops.adapt_datetimefield_value(now), ops.adapt_json_value({"hold": HoldReason.REVERT}, None)
-    columns = ", ".join(rawsql.column(LifecycleEvent, name) for name in _REVERT_EVENT)
-    insert = f"INSERT INTO {rawsql.table(LifecycleEvent)} ({columns})"
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            entries, was, to, runs, reverts = (list(column) for column in zip(*rows, strict=True))
-            cursor.execute(
-                f"{insert} SELECT %s, u.e, u.e, u.f, u.t, 'revert', u.r, %s, false, u.v, %s, %s "
-                "FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::bigint[]) "
-                "AS u(e, f, t, r, v)",
-                [workspace.pk, actor, at, details, entries, was, to, runs, reverts],
-            )
-            return
-        values = ", ".join(["%s"] * len(_REVERT_EVENT))
-        cursor.executemany(
-            f"{insert} VALUES ({values})",
-            [
-                [workspace.pk, entry, entry, was, to, "revert", run, actor, False, reverts, at, details]
-                for entry, was, to, run, reverts in rows
-            ],
-        )
 
 
 def _newest_event_ids(entry_ids: list[int]) -> dict[int, int]:
@@ -303,6 +239,11 @@ def revert_run(
     if run is None:
         raise NotFound(f"run {run_id} not found")
     now = now or timezone.now()
+    with lifecycle.coalesced():  # the reverted entries and the archived digests: one announcement
+        return _revert_run(workspace, run, actor=actor, now=now)
+
+
+def _revert_run(workspace: Workspace, run: MaintenanceRun, *, actor: str, now: datetime) -> dict[str, Any]:
     events = [
         EventRow._make(row)
         for row in _revertible(workspace)
@@ -344,27 +285,18 @@ def _retire_created(workspace: Workspace, run: MaintenanceRun, *, actor: str, no
                 is_latest=True,
                 status__in=[Status.ACTIVE, Status.STALE],
             )
-            .values_list("pk", "status")
+            .values_list("pk", flat=True)
         )
-        ids = [pk for pk, _ in rows]
-        Entry.objects.filter(pk__in=ids).update(
-            status=Status.ARCHIVED, status_changed_at=now, archived_at=now
-        )
-        LifecycleEvent.objects.bulk_create(
-            LifecycleEvent(
-                workspace=workspace,
-                entry_id=pk,
-                entry_ref=pk,
-                from_status=status,
-                to_status=Status.ARCHIVED,
-                reason="revert",
-                run=run,
-                actor=actor,
-                automatic=False,
-                reverts=created[pk],
-                created_at=now,
-            )
-            for pk, status in rows
+        ids = sorted(rows)
+        lifecycle.change_status(
+            workspace.pk,
+            ids,
+            Status.ARCHIVED,
+            reason="revert",
+            actor=actor,
+            now=now,
+            run_id=run.pk,
+            reverts_of={pk: created[pk].pk for pk in ids},
         )
         LifecycleEvent.objects.filter(pk__in=[created[pk].pk for pk in ids]).update(reverted_at=now)
         # Active or stale to archived: every link end stays counted, no score changes.

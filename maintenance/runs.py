@@ -57,7 +57,7 @@ from maintenance import (
 )
 from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus
 from maintenance.passes import LeaseLost, PassResult, RunContext
-from memory import events, live
+from memory import events, lifecycle, live
 from memory.models import LISTED_STATUSES, Entry, Workspace
 from memory.policy import PolicyValues, clamp_value, clean_tags
 
@@ -766,10 +766,14 @@ def _run(
             # The apply makes its own ids and details: the plan's (a million-entry first run's
             # ids and evicted rows: ~100 MB) go before it starts, not after it ends.
             del plan
-            return _finish(run, RunStatus.SUCCEEDED, _execute(ctx, kind, progress, recorder=recorder))
+            with lifecycle.coalesced():  # open pages hear of the changes once, not once per batch
+                applied = _execute(ctx, kind, progress, recorder=recorder)
+            return _finish(run, RunStatus.SUCCEEDED, applied)
         # Propose mode: everything but the proposing passes applies (a purge past grace writes
         # its backup first, on demand); the proposing passes' plan becomes the proposal set.
-        outcome = _proposed(plan, _execute(ctx, kind, progress, skip=PROPOSING, recorder=recorder))
+        with lifecycle.coalesced():
+            applied = _execute(ctx, kind, progress, skip=PROPOSING, recorder=recorder)
+        outcome = _proposed(plan, applied)
         keys = [key for key, _ in steps(kind) if key in PROPOSING]
         recorded = proposals.record(run, plan, keys=keys, policy=policy, now=now)
         status = RunStatus.PROPOSED if recorded else RunStatus.SUCCEEDED

@@ -30,8 +30,9 @@ CHUNK = 500  # ids per IN (...)
 
 
 def columns(reason: str, actor: str, now: datetime) -> dict[str, Any]:
-    """The entry columns of a hold placed now: for a caller that places it in an UPDATE of
-    its own (a revert sets status and hold in one statement) and announces it itself."""
+    """The entry columns of a hold placed now, for a hold placed with a status change (a
+    restore, a revert): ``memory.lifecycle.change_status`` sets status and hold in one
+    statement, records the hold in the change's event and announces it."""
     return {"held_at": now, "held_by": actor, "hold_reason": reason}
 
 
@@ -42,11 +43,9 @@ def hold(
     reason: str,
     actor: str,
     now: datetime,
-    event: bool = True,
 ) -> int:
     """Put (or renew) an operator hold on the latest entries among ``entry_ids`` of the
-    workspace; returns how many. ``event=False``: the caller's own event records it. Runs in
-    the caller's transaction when there is one."""
+    workspace; returns how many. Runs in the caller's transaction when there is one."""
     ids = sorted(set(entry_ids))
     if not ids:
         return 0
@@ -61,22 +60,21 @@ def hold(
             )
             Entry.objects.filter(pk__in=[pk for pk, _ in found]).update(**columns(reason, actor, now))
             rows += found
-        if event:
-            LifecycleEvent.objects.bulk_create(
-                LifecycleEvent(
-                    workspace=workspace,
-                    entry_id=pk,
-                    entry_ref=pk,
-                    from_status=status,
-                    to_status=status,
-                    reason=HOLD,
-                    actor=actor,
-                    created_at=now,
-                    details={"hold_reason": reason},
-                )
-                for pk, status in rows
+        LifecycleEvent.objects.bulk_create(
+            LifecycleEvent(
+                workspace=workspace,
+                entry_id=pk,
+                entry_ref=pk,
+                from_status=status,
+                to_status=status,
+                reason=HOLD,
+                actor=actor,
+                created_at=now,
+                details={"hold_reason": reason},
             )
-    live.announce_queue(workspace.pk)  # restore, revert, keep, reject, dispute: any door
+            for pk, status in rows
+        )
+    live.announce_queue(workspace.pk)  # keep, reject, dispute: any door
     return len(rows)
 
 

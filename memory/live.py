@@ -25,10 +25,15 @@ Fragments go to every member of the workspace whatever their role, so they carry
 no action buttons (actions stay on the pages, where the server checks the role).
 
 **When.** ``run_started``/``run_finished`` are called by ``maintenance.runs`` when a run is
-recorded and when it ends (in whatever process runs it: web, django-q2 worker, command line);
-the services that change review work call ``announce_queue`` (proposals recorded, approved,
-rejected; holds placed and released — restore, revert, keep, dispute —; hygiene archives),
-whatever door called them, and console views call it after their actions too. Rendering
+recorded and when it ends (in whatever process runs it: web, django-q2 worker, command line).
+Every status change of entries — archive, tombstone, restore, revert, hygiene's archive, a
+pass's batch, an approval, a purge — is announced by the domain after commit
+(``memory.signals.entries_changed``, sent by ``memory.lifecycle``; a run, a revert or an
+approval announces once at its end): ``on_entries_changed`` receives it and sends the review
+counts (``announce_queue``), whatever door the change came through. The services that change
+review work without changing a status call ``announce_queue`` themselves (proposals recorded,
+approved or rejected; holds placed and released — keep, reject, dispute —; disputes
+flagged), and console views call it after their actions too. Rendering
 and sending happen after the transaction commits (``transaction.on_commit``): a rolled-back
 write announces nothing, and a fragment shows committed state. An announcement never breaks
 or slows the work that makes it: errors are logged and dropped, a send waits at most two
@@ -264,6 +269,13 @@ def announce_runs(workspace_id: int) -> None:
 def announce_queue(workspace_id: int) -> None:
     """Open pages of the workspace show the current review counts (after commit)."""
     _announce(workspace_id, render_queue)
+
+
+def on_entries_changed(sender: Any, *, workspace_id: int, **changed: Any) -> None:
+    """The receiver of ``memory.signals.entries_changed`` (connected by ``MemoryConfig.ready``):
+    entries of the workspace changed status, its open pages show the review counts as they are
+    now (the tombstones, the automatic changes a revert would undo, ...)."""
+    announce_queue(workspace_id)
 
 
 def progress_renderer(run: MaintenanceRun) -> Callable[[int], str]:

@@ -1,8 +1,9 @@
 """Every write to memories goes through these functions.
 
 Each is keyword-only, runs in one transaction, scopes every lookup to the workspace it is
-given (another workspace's id is simply not found), records a LifecycleEvent for every status
-change, and refreshes the stored scores of every entry whose score inputs it changed.
+given (another workspace's id is simply not found), changes a status only through
+``memory.lifecycle`` (its LifecycleEvent, Tombstone and announcement with it), and refreshes the
+stored scores of every entry whose score inputs it changed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from django.utils import timezone
 
 from maintenance.models import MaintenancePolicy
 from maintenance.scoring_db import rescore
-from memory import holds, live, rawsql, scoring
+from memory import holds, lifecycle, rawsql, scoring
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import (
     CAUSAL_TYPES,
@@ -239,32 +240,6 @@ def record_event(entry: Entry, **event: Any) -> LifecycleEvent:
     recorded = new_event(entry, **event)
     recorded.save(force_insert=True)
     return recorded
-
-
-def change_status(
-    entry: Entry, to_status: str, *, reason: str, actor: str, now: datetime, **event: Any
-) -> None:
-    """Move one loaded entry to ``to_status`` at ``now`` with its LifecycleEvent, inside the
-    caller's transaction (an archive stamps ``archived_at``; a tombstone keeps it)."""
-    from_status = entry.status
-    entry.status = to_status
-    entry.status_changed_at = now
-    entry.updated_at = now
-    entry.archived_at = (
-        now
-        if to_status == Status.ARCHIVED
-        else (entry.archived_at if to_status == Status.TOMBSTONED else None)
-    )
-    entry.save(update_fields=["status", "status_changed_at", "updated_at", "archived_at"])
-    record_event(
-        entry,
-        from_status=from_status,
-        to_status=to_status,
-        reason=reason,
-        actor=actor,
-        now=now,
-        **event,
-    )
 
 
 def write_policy(workspace: Workspace) -> PolicyValues:
@@ -949,11 +924,7 @@ def entry_update(
         new.held_at = None
         new.held_by = ""
         new.hold_reason = ""
-        if old.status == Status.STALE:
-            # An update is activity: a stale memory that is being rewritten is in use again.
-            new.status = Status.ACTIVE
-            new.status_changed_at = now
-        new.save()
+        new.save()  # in the old version's status: a change of it is recorded below
         new.tags.set(old_tags)
         Relationship.objects.filter(from_entry_id=old.pk).update(from_entry_id=new.pk)
         Relationship.objects.filter(to_entry_id=old.pk).update(to_entry_id=new.pk)
@@ -961,15 +932,9 @@ def entry_update(
             CodeAnchor.objects.filter(entry_id=old.pk).update(entry_id=new.pk)
         else:
             CodeAnchor.objects.bulk_create([a.row(new) for a in anchor_list])
-        if new.status != old.status:
-            record_event(
-                new,
-                from_status=old.status,
-                to_status=new.status,
-                reason="update",
-                actor=actor,
-                now=now,
-            )
+        if new.status == Status.STALE:
+            # An update is activity: a stale memory that is being rewritten is in use again.
+            lifecycle.change_entry(new, Status.ACTIVE, reason="update", actor=actor, now=now)
         _rescore(workspace, [new.pk, *neighbour_ids([new.pk])], now)
         disputes = _check_contradictions(new, now)
     new.refresh_from_db()
@@ -994,23 +959,17 @@ def entry_tombstone(
         if entry.status == Status.TOMBSTONED:
             raise Conflict(f"entry {entry.pk} is already tombstoned")
         grace = MaintenancePolicy.for_workspace(workspace).purge_grace_days
-        tombstone = Tombstone.objects.create(
-            workspace=workspace,
-            entry=entry,
-            entry_ref=entry.pk,
-            lineage_ref=entry.lineage_id or entry.pk,
-            content_hash=entry.content_hash,
+        lifecycle.change_entry(
+            entry,
+            Status.TOMBSTONED,
             reason=reason,
-            previous_status=entry.status,
-            run=run,
             actor=actor,
-            created_at=now,
-            purge_after=now + timedelta(days=grace),
+            now=now,
+            run_id=getattr(run, "pk", run),
+            tombstone=lifecycle.Tombstoning(reason, now + timedelta(days=grace)),
         )
-        change_status(entry, Status.TOMBSTONED, reason=reason, actor=actor, now=now, run=run)
         _rescore(workspace, [entry.pk, *neighbour_ids([entry.pk])], now)
-        live.announce_queue(workspace.pk)  # the tombstones count, whichever door it came through
-    return tombstone
+    return Tombstone.objects.get(entry=entry, restored_at__isnull=True, purged_at__isnull=True)
 
 
 def restore_target(entry: Entry) -> str:
@@ -1048,15 +1007,17 @@ def entry_restore(
                 f"entry {entry.pk} is {entry.status}; "
                 "only stale, archived or tombstoned entries can be restored"
             )
-        target = restore_target(entry)
-        Tombstone.objects.filter(entry=entry, restored_at__isnull=True, purged_at__isnull=True).update(
-            restored_at=now
+        # Out of the tombstone (its Tombstone closed) or the archive. The operator's decision
+        # sticks: a hold, placed with the status, keeps every automatic pass away from it.
+        lifecycle.change_entry(
+            entry,
+            restore_target(entry),
+            reason=reason,
+            actor=actor,
+            now=now,
+            details={"hold": HoldReason.RESTORE},
+            columns=holds.columns(HoldReason.RESTORE, actor, now),
         )
-        change_status(
-            entry, target, reason=reason, actor=actor, now=now, details={"hold": HoldReason.RESTORE}
-        )
-        # The operator's decision sticks: no automatic pass takes the entry away again.
-        holds.hold(workspace, [entry.pk], reason=HoldReason.RESTORE, actor=actor, now=now, event=False)
         _rescore(workspace, [entry.pk, *neighbour_ids([entry.pk])], now)
     entry.refresh_from_db()
     return entry
@@ -1087,7 +1048,7 @@ def entry_set_status(
         if entry.status == Status.TOMBSTONED:
             raise Conflict(f"entry {entry.pk} is tombstoned; restore it first")
         if entry.status != status:
-            change_status(entry, status, reason=reason, actor=actor, now=now)
+            lifecycle.change_entry(entry, status, reason=reason, actor=actor, now=now)
             _rescore(workspace, [entry.pk, *neighbour_ids([entry.pk])], now)
     return entry
 
@@ -1171,7 +1132,7 @@ def entry_record_access(
             )
         entry.refresh_from_db()
         if entry.status == Status.STALE:
-            change_status(entry, Status.ACTIVE, reason="access", actor=actor, now=now)
+            lifecycle.change_entry(entry, Status.ACTIVE, reason="access", actor=actor, now=now)
         _rescore(workspace, [entry.pk], now)
     entry.refresh_from_db()
     return entry
@@ -1265,7 +1226,6 @@ def entry_purge(
         if not rows:
             raise Conflict(f"entry {entry.pk} was restored or purged meanwhile; nothing was purged")
         purge_lineages(workspace, rows, now, actor=actor, automatic=False)
-        live.announce_queue(workspace.pk)
     return {
         "purged": True,
         "entry_id": rows[0]["entry_ref"],
