@@ -111,29 +111,30 @@ class BackupFailed(Exception):
 Step = tuple[str, Callable[[RunContext], PassResult]]
 
 
-def _archive_without_stale(ctx: RunContext) -> PassResult:
-    return passes.archive(ctx, stale_part=False)
-
-
-# The passes of each kind of run, in order, each with the count it feeds. Hygiene,
-# contradictions and compaction can each run alone, after scoring.
-RUN_PASSES: dict[str, tuple[Step, ...]] = {
-    RunKind.HYGIENE: (("scored", passes.score), ("low_quality_archived", passes.archive_low_quality)),
-    RunKind.CONTRADICTIONS: (("scored", passes.score), ("disputes_flagged", passes.flag_contradictions)),
-    RunKind.CONSOLIDATE: (("scored", passes.score), ("consolidated", passes.compact)),
-    RunKind.PRUNE: (
-        ("scored", passes.score),
-        ("archived", _archive_without_stale),
-        ("pruned", passes.prune),
-        ("hard_deleted", passes.purge),
-    ),
-    RunKind.DECAY: (
-        ("scored", passes.score),
-        ("evicted", passes.decay),
-        ("expired", passes.expire_ttl),
-        ("hard_deleted", passes.purge),
-    ),
-    RunKind.FULL: (
+def steps(kind: str) -> list[Step]:
+    """The passes of each kind of run, in order, each with the count it feeds. Hygiene,
+    contradictions and compaction can each run alone, after scoring."""
+    if kind == RunKind.HYGIENE:
+        return [("scored", passes.score), ("low_quality_archived", passes.archive_low_quality)]
+    if kind == RunKind.CONTRADICTIONS:
+        return [("scored", passes.score), ("disputes_flagged", passes.flag_contradictions)]
+    if kind == RunKind.CONSOLIDATE:
+        return [("scored", passes.score), ("consolidated", passes.compact)]
+    if kind == RunKind.PRUNE:
+        return [
+            ("scored", passes.score),
+            ("archived", lambda ctx: passes.archive(ctx, stale_part=False)),
+            ("pruned", passes.prune),
+            ("hard_deleted", passes.purge),
+        ]
+    if kind == RunKind.DECAY:
+        return [
+            ("scored", passes.score),
+            ("evicted", passes.decay),
+            ("expired", passes.expire_ttl),
+            ("hard_deleted", passes.purge),
+        ]
+    return [
         ("scored", passes.score),
         ("staged_graduated", passes.graduate_staged),
         ("staged_expired", passes.expire_staged),
@@ -150,14 +151,7 @@ RUN_PASSES: dict[str, tuple[Step, ...]] = {
         ("hard_deleted", passes.purge),
         ("disputes_flagged", passes.flag_contradictions),
         ("orphans", passes.count_orphans),
-    ),
-}
-
-
-def steps(kind: str) -> list[Step]:
-    """The passes a run of ``kind`` executes (``RUN_PASSES``; a kind it does not name runs
-    the full set)."""
-    return list(RUN_PASSES.get(kind, RUN_PASSES[RunKind.FULL]))
+    ]
 
 
 ARCHIVING = ("staged_expired", "archived", "low_quality_archived", "consolidated")

@@ -830,14 +830,3 @@ def test_a_transition_records_each_change_from_the_row_before_it_changed(workspa
     )
     evicted = LifecycleEvent.objects.get(entry=versioned, run_id=run_id)
     assert (evicted.from_status, evicted.to_status, evicted.reason) == ("active", "tombstoned", "decay")
-
-
-def test_every_kind_of_run_names_its_passes_and_scores_first():
-    from maintenance.models import RunKind
-    from maintenance.runs import RUN_PASSES, steps
-
-    assert set(RUN_PASSES) == set(RunKind.values)
-    for kind in RunKind.values:
-        keys = [key for key, _ in steps(kind)]
-        assert keys[0] == "scored", kind
-        assert len(keys) == len(set(keys)), kind
