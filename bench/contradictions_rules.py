@@ -140,10 +140,11 @@ def run(path: Path, out: Path) -> int:
     from django.core.management import call_command
 
     from maintenance.contradictions import entry_text, flag_contradictions, profile
-    from maintenance.models import Dispute, MaintenancePolicy
+    from maintenance.models import Dispute
     from maintenance.passes import RunContext
     from memory import services
     from memory.models import Entry
+    from memory.policy_model import MaintenancePolicy
 
     call_command("migrate", verbosity=0)
     rules = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -14,7 +14,7 @@ rows, pins, TTLs, projects, sessions, tags, code anchors, links and lifecycle ev
 
 PostgreSQL: one transaction; the secondary indexes of the loaded tables are dropped, the rows
 written with COPY, the indexes rebuilt (those of memory_entry after scoring), stored scores
-computed by the project's own SQL (``maintenance.scoring_db.refresh_scores``), then
+computed by the project's own SQL (``memory.scoring_db.refresh_scores``), then
 VACUUM FULL + ANALYZE of memory_entry (the score UPDATE leaves one dead version per row). The
 generated ``search_vector`` column is computed by PostgreSQL on insert. SQLite: batched
 ``executemany`` (the FTS5 triggers index every row), then the same score refresh.
@@ -839,8 +839,8 @@ def _generate_postgresql(
 ) -> tuple[dict[str, float], dict[str, int]]:
     from django.db import connection, transaction
 
-    from maintenance.models import MaintenancePolicy
-    from maintenance.scoring_db import refresh_scores
+    from memory.policy_model import MaintenancePolicy
+    from memory.scoring_db import refresh_scores
 
     phases: dict[str, float] = {}
     counts = {
@@ -978,10 +978,10 @@ def ensure_many(
     tables analysed once at the end."""
     from django.db import connection, transaction
 
-    from maintenance.models import MaintenancePolicy
-    from maintenance.scoring_db import refresh_scores
     from memory import services
     from memory.models import Workspace
+    from memory.policy_model import MaintenancePolicy
+    from memory.scoring_db import refresh_scores
 
     if connection.vendor != "postgresql":
         raise SystemExit("ensure_many generates on PostgreSQL only")
@@ -1040,9 +1040,9 @@ def _generate_sqlite(
 ) -> tuple[dict[str, float], dict[str, int]]:
     from django.db import connection, transaction
 
-    from maintenance.models import MaintenancePolicy
-    from maintenance.scoring_db import refresh_scores
     from memory.models import Tag
+    from memory.policy_model import MaintenancePolicy
+    from memory.scoring_db import refresh_scores
 
     phases: dict[str, float] = {}
     counts = {

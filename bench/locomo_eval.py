@@ -443,8 +443,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Feed one conversation into its three workspaces on the simulated clock; measure at each
     checkpoint. ``policy`` changes settings of the defaults (the report prints them)."""
-    from maintenance.models import MaintenancePolicy
     from memory import services
+    from memory.policy_model import MaintenancePolicy
 
     stores = {
         v: Store(

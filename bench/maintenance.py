@@ -19,7 +19,7 @@ after (the machine is shared: the report shows the load beside every number):
 
 1. **compute floor** — one SQL statement that reads every latest entry's score inputs (link
    counts, causal counts, worst anchor, readers: the expressions of
-   ``maintenance/scoring_db.py``) and writes both scores into a narrow four-column table; run
+   ``memory/scoring_db.py``) and writes both scores into a narrow four-column table; run
    twice, the faster counts;
 2. **dry run** — ``manage.py maintain <ws> --dry-run --json``;
 3. **real run** — ``manage.py maintain <ws> --json``, with ``--force`` when the dry run says
@@ -138,9 +138,9 @@ def op_floor(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
     from django.db import connection
     from django.utils import timezone
 
-    from maintenance.models import MaintenancePolicy
-    from maintenance.scoring_db import importance_expr, retention_expr
     from memory.models import Entry
+    from memory.policy_model import MaintenancePolicy
+    from memory.scoring_db import importance_expr, retention_expr
 
     now = timezone.now()
     params = MaintenancePolicy.for_workspace(ws).decay_params
@@ -395,7 +395,8 @@ def op_checksum(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
 
 
 def op_reads(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
-    from maintenance import console_selectors, hygiene
+    from console import selectors_maintenance as console_selectors
+    from maintenance import hygiene
 
     out: dict[str, Any] = {}
     for name, call in (
@@ -418,7 +419,7 @@ def op_reads(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
 
 
 def op_mode(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
-    from maintenance.models import MaintenancePolicy
+    from memory.policy_model import MaintenancePolicy
 
     MaintenancePolicy.objects.get_or_create(workspace=ws)
     MaintenancePolicy.objects.filter(workspace=ws).update(review_mode=arg)

@@ -51,6 +51,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from machine import cpu_model, python_loop_seconds, ram_gib  # bench/machine.py
+
 from api import (  # bench/api.py: the same server settings and raw HTTP/1.1 client
     Conn,
     _descendants,
@@ -64,7 +66,6 @@ from api import (  # bench/api.py: the same server settings and raw HTTP/1.1 cli
     stop_server,
     wait_health,
 )
-from machine import cpu_model, python_loop_seconds, ram_gib  # bench/machine.py
 
 ROOT = Path(__file__).resolve().parent.parent
 # The project first (bench/maintenance.py would shadow its ``maintenance`` package), bench/ last.

@@ -121,8 +121,8 @@ def prepare_template(args: argparse.Namespace) -> dict[str, Any]:
     from django.core.management import call_command
     from django.db import connections
 
-    from maintenance.models import MaintenancePolicy
     from memory.models import Entry
+    from memory.policy_model import MaintenancePolicy
 
     name = urlsplit(args.database_url).path.lstrip("/")
     if not database_exists(args.database_url, name):

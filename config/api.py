@@ -19,14 +19,14 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.renderers import JSONRenderer
 from ninja.responses import NinjaJSONEncoder
 
+from api.entries import reject_malformed_path_ids, reject_repeated_query_parameters
+from api.entries import router as memory_router
+from api.maintenance import router as maintenance_router
+from api.proposals import router as proposals_router
+from api.quality import router as quality_router
+from api.search import router as search_router
 from config.middleware import RETRY_AFTER_SECONDS, log_server_error, server_error_response
-from maintenance.api import router as maintenance_router
-from maintenance.api_proposals import router as proposals_router
-from maintenance.api_quality import router as quality_router
 from memory import idempotency
-from memory.api import reject_malformed_path_ids, reject_repeated_query_parameters
-from memory.api import router as memory_router
-from memory.api_search import router as search_router
 from memory.auth import API_AUTH, RateLimited
 from memory.errors import ServiceError
 

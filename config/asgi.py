@@ -1,5 +1,5 @@
 """ASGI entry point, the one place the application is assembled: ``/mcp`` (and its
-protected-resource metadata) through the MCP SDK's app (memory.mcp_http), every other HTTP
+protected-resource metadata) through the MCP SDK's app (api.mcp_http), every other HTTP
 request through Django, websockets through Channels. The root owns the ASGI lifespan, which
 Django's handler refuses and the MCP SDK's session manager needs: it is entered at startup and
 left at shutdown (uvicorn's default ``--lifespan auto`` sends both)."""
@@ -108,8 +108,8 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from memory import mcp_http  # noqa: E402
-from memory.routing import websocket_urlpatterns  # noqa: E402
+from api import mcp_http  # noqa: E402
+from console.routing import websocket_urlpatterns  # noqa: E402
 
 site = ProtocolTypeRouter(
     {

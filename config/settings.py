@@ -74,7 +74,9 @@ INSTALLED_APPS = [
     "template_partials",
     "ninja",
     "memory",
-    "maintenance",  # before django_q: its qcluster command replaces django-q2's
+    "maintenance",
+    "console",
+    "cli",  # before django_q: its qcluster command replaces django-q2's
     "django_q",
 ]
 
@@ -106,7 +108,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "memory.live.context",
+                "console.live.context",
             ],
         },
     },
@@ -235,7 +237,7 @@ else:
 
 # --- Memory Steward ---------------------------------------------------------------------------
 # A dry run of a workspace with at most this many latest entries answers in the request; a
-# larger one (like every real run) is queued for the django-q2 worker (maintenance.api).
+# larger one (like every real run) is queued for the django-q2 worker (api.maintenance).
 MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES = env_int("MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES", 2000)
 # On SQLite a run's plan works on a temporary copy of the database, so API writes never wait
 # for it (maintenance.plan_snapshot); 0 plans inside the database under its write lock.

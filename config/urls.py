@@ -16,5 +16,5 @@ urlpatterns = [
     path("favicon.ico", favicon),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
-    path("", include("memory.urls")),
+    path("", include("console.urls")),
 ]

@@ -1,14 +1,7 @@
 from django.contrib import admin
 
-from maintenance.models import (
-    Backup,
-    Dispute,
-    MaintenanceLease,
-    MaintenancePolicy,
-    MaintenanceRun,
-    Proposal,
-    RunDaySummary,
-)
+from maintenance.models import Backup, Dispute, MaintenanceLease, MaintenanceRun, Proposal, RunDaySummary
+from memory.policy_model import MaintenancePolicy
 
 
 @admin.register(MaintenancePolicy)

@@ -25,10 +25,10 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from maintenance.models import MaintenancePolicy
-from maintenance.scoring_db import refresh_scores
 from memory.errors import InvalidInput
 from memory.models import AnchorStatus, CodeAnchor, Workspace
+from memory.policy_model import MaintenancePolicy
+from memory.scoring_db import refresh_scores
 
 BATCH_SIZE = 1000  # anchors per UPDATE batch (and per transaction)
 PATH_CHUNK = 300  # paths per ``path IN (...)`` lookup

@@ -9,7 +9,12 @@ class MaintenanceConfig(AppConfig):
 
     def ready(self) -> None:
         # Only connects: no database work at import or here (the tables may not exist yet).
+        from maintenance import contradictions
         from maintenance.signals import sync_schedules_after_migrate
+        from memory import services
+
+        # A rule written through any door is checked for contradictions before it returns.
+        services.install_write_check(contradictions)
 
         post_migrate.connect(
             sync_schedules_after_migrate, sender=self, dispatch_uid="maintenance.sync_schedules"

@@ -63,7 +63,7 @@ from django.core.management.color import no_style
 from django.db import DataError, IntegrityError, connection, models, transaction
 from django.utils import timezone
 
-from maintenance.models import Backup, BackupReason, Dispute, MaintenancePolicy, MaintenanceRun
+from maintenance.models import Backup, BackupReason, Dispute, MaintenanceRun
 from memory import lifecycle
 from memory.errors import InvalidInput, ServiceError
 from memory.models import (
@@ -76,6 +76,7 @@ from memory.models import (
     Tombstone,
     Workspace,
 )
+from memory.policy_model import MaintenancePolicy
 
 logger = logging.getLogger(__name__)
 

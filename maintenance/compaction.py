@@ -42,7 +42,6 @@ from maintenance.passes import (
     unprotected,
 )
 from maintenance.plan_status import status_in
-from maintenance.scoring_db import refresh_scores
 from memory.models import (
     CONTENT_MAX,
     TITLE_MAX,
@@ -54,6 +53,7 @@ from memory.models import (
     Source,
     Status,
 )
+from memory.scoring_db import refresh_scores
 from memory.services import content_hash
 
 FRAGMENT_TYPES = (EntryType.TEST_ENTRY, EntryType.DEVELOPMENT_NOTE)

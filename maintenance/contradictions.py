@@ -101,11 +101,11 @@ from django.utils import timezone
 from maintenance.models import Dispute, DisputeStatus, Resolution
 from maintenance.passes import PassResult, RunContext
 from maintenance.plan_status import status_in
-from maintenance.scoring_db import refresh_scores
 from maintenance.text import content_words, words
-from memory import holds, lifecycle, live, services
+from memory import holds, lifecycle, services
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import (
+    ID_MAX,
     LISTED_STATUSES,
     VISIBLE_STATUSES,
     Entry,
@@ -117,6 +117,7 @@ from memory.models import (
     Tier,
     Workspace,
 )
+from memory.scoring_db import refresh_scores
 
 KIND = "polarity_conflict"
 SIGNATURE_WORDS = 24
@@ -352,7 +353,7 @@ def _insert(rows: list[Dispute]) -> list[Dispute]:
     dispute count (after commit), whichever door the write came through."""
     if not rows:
         return []
-    live.announce_queue(rows[0].workspace_id)
+    lifecycle.announce(rows[0].workspace_id)
     try:
         with transaction.atomic():
             return Dispute.objects.bulk_create(rows)
@@ -432,19 +433,6 @@ def flag_contradictions(ctx: RunContext) -> PassResult:
     entry_ids = list(dict.fromkeys(i for d in created for i in (d.entry_a_id, d.entry_b_id)))
     pairs = [[d.entry_a_id, d.entry_b_id] for d in created]
     return PassResult(count=len(created), ids=entry_ids, extra={"dispute_pairs": pairs} if pairs else {})
-
-
-def checked_on_write(entry: Entry) -> bool:
-    """A write of this entry is checked at once: a live latest constitutional entry, or a rule
-    an operator wrote."""
-    return (
-        entry.is_latest
-        and entry.status in VISIBLE_STATUSES
-        and (
-            entry.tier == Tier.CONSTITUTIONAL
-            or (entry.source == Source.OPERATOR and entry.entry_type == EntryType.RULE)
-        )
-    )
 
 
 def check_on_write(entry: Entry, *, now: datetime | None = None) -> list[Dispute]:
@@ -537,10 +525,10 @@ def resolve(
         pk = int(dispute_id)
     except (TypeError, ValueError):
         pk = 0
-    if not 0 < pk < 2**63:  # no database holds a larger id
+    if not 0 < pk <= ID_MAX:
         raise NotFound(f"dispute {dispute_id!r} not found")
     # The loser's archive and the holds reach open pages as one update, after the commit.
-    with live.coalesced(), transaction.atomic():
+    with lifecycle.coalesced(), transaction.atomic():
         dispute = Dispute.objects.select_for_update().filter(workspace=workspace, pk=pk).first()
         if dispute is None:
             raise NotFound(f"dispute {pk} not found")

@@ -94,10 +94,9 @@ from django.db.models import (
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from maintenance.models import HygieneAssessment, MaintenancePolicy
+from maintenance.models import HygieneAssessment
 from maintenance.passes import PassResult, RunContext, latest, transition, unprotected
 from maintenance.plan_status import status_in
-from maintenance.scoring_db import refresh_scores
 from maintenance.text import content_words, normalise
 from memory import holds, lifecycle
 from memory.capped import capped_count
@@ -110,7 +109,9 @@ from memory.models import (
     Workspace,
     protected,
 )
-from memory.policy import PolicyValues
+from memory.policy import SOURCE_PATH, PolicyValues
+from memory.policy_model import MaintenancePolicy
+from memory.scoring_db import refresh_scores
 from memory.services import neighbour_ids
 
 MIN_CONTENT_WORDS = 9
@@ -133,15 +134,12 @@ BACKTICK_DENSITY = 0.015
 CODE_SHARE = 0.5  # of the lines, or of the characters (backtick branch)
 FEEDBACK_FLAGS = ("stale", "wrong")
 
-SOURCE_PATH = "<source-path>"
 DEFAULT_RESIDUE_PATTERNS: tuple[str, ...] = (
     r"\bimplementation\s+plan\b",
     r"\bmaster\s?plan\b",
     r"\badded\s+after\s+user\s+feedback\b",
     SOURCE_PATH,
 )
-MAX_PATTERNS = 50
-MAX_PATTERN_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -362,40 +360,6 @@ _SOURCE_PATH = re.compile(
 _EMAIL = re.compile(r"\S+@\S+\.\w+")
 
 Pattern = re.Pattern[str] | str  # a compiled regex, or SOURCE_PATH
-
-
-def clean_residue_patterns(value: Any) -> list[str]:
-    """Validate residue patterns for storage: a list of strings, each a regular expression
-    that compiles (or ``<source-path>``). Blank entries are dropped, duplicates removed; None
-    gives [] (= the built-in defaults). Raises ValueError with a message naming the problem."""
-    if value is None:
-        return []
-    if not isinstance(value, list | tuple):
-        raise ValueError("residue_patterns: must be a list of strings (regular expressions)")
-    if len(value) > MAX_PATTERNS:
-        raise ValueError(f"residue_patterns: at most {MAX_PATTERNS} patterns")
-    out: dict[str, None] = {}
-    for item in value:
-        if not isinstance(item, str):
-            raise ValueError(f"residue_patterns: {item!r} is not a string")
-        if "\x00" in item:
-            raise ValueError("residue_patterns: a pattern may not contain a NUL character")
-        item = item.strip()
-        if not item:
-            continue
-        if len(item) > MAX_PATTERN_CHARS:
-            raise ValueError(
-                f"residue_patterns: {item[:40]!r}… is longer than {MAX_PATTERN_CHARS} characters"
-            )
-        if item != SOURCE_PATH:
-            try:
-                re.compile(item, re.I)
-            except re.error as exc:
-                raise ValueError(
-                    f"residue_patterns: {item!r} is not a valid regular expression ({exc})"
-                ) from None
-        out.setdefault(item, None)
-    return list(out)
 
 
 def compile_residue_patterns(value: Any) -> list[Pattern]:

@@ -22,7 +22,6 @@ from django.db.models.functions import Coalesce, Least
 
 from maintenance import plan_status
 from maintenance.plan_status import status_in
-from maintenance.scoring_db import counted_end, plan_scores, refresh_scores
 from memory import lifecycle
 from memory.models import (
     LISTED_STATUSES,
@@ -44,6 +43,7 @@ from memory.models import (
     stored_retention,
 )
 from memory.policy import PolicyValues
+from memory.scoring_db import counted_end, plan_scores, refresh_scores
 
 BATCH_SIZE = 500
 GRADUATING_CLASSES = (StagedClass.PROCEDURAL, StagedClass.CONCEPTUAL, StagedClass.REFERENCE)
@@ -401,6 +401,11 @@ def archive(ctx: RunContext, *, stale_part: bool = True) -> PassResult:
     return transition(
         ctx, archive_candidates(ctx, stale_part=stale_part), to_status=Status.ARCHIVED, reason="archive"
     )
+
+
+def archive_aged(ctx: RunContext) -> PassResult:
+    """A prune's archive: by age and score only, without the stale part of a full run's."""
+    return archive(ctx, stale_part=False)
 
 
 def archive_low_quality(ctx: RunContext) -> PassResult:

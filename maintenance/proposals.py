@@ -29,10 +29,10 @@ from django.utils import timezone
 from maintenance import backups, lease, passes
 from maintenance.models import MaintenanceRun, Proposal, ProposalAction, ProposalStatus, RunKind
 from maintenance.passes import PassResult, RunContext
-from maintenance.scoring_db import refresh_scores
-from memory import holds, lifecycle, live
+from memory import holds, lifecycle
 from memory.errors import Conflict, InvalidInput
 from memory.models import (
+    ID_MAX,
     MANAGED_SOURCES,
     Entry,
     HoldReason,
@@ -44,6 +44,7 @@ from memory.models import (
     stored_retention,
 )
 from memory.policy import PolicyValues
+from memory.scoring_db import refresh_scores
 from memory.services import neighbour_ids
 
 if TYPE_CHECKING:
@@ -244,7 +245,7 @@ def record(
                 )
         Proposal.objects.bulk_update(moved, ["run", "reason", "values", "why"], batch_size=CHUNK)
         Proposal.objects.bulk_create(new, batch_size=CHUNK)
-    live.announce_queue(workspace.pk)
+    lifecycle.announce(workspace.pk)
     return len(moved) + len(new) + standing
 
 
@@ -299,7 +300,7 @@ def _selected(
         return list(qs), []
     wanted: list[int] = []
     for value in ids or []:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= ID_MAX:
             raise InvalidInput(f"ids: {value!r} is not an entry id")
         wanted.append(value)
     found = list(qs.filter(entry_ref__in=wanted))
@@ -381,7 +382,7 @@ def approve(
     if not lease.acquire(workspace, holder=holder, now=timezone.now()):
         raise Conflict("a maintenance run is working on this workspace; approve again when it has ended")
     # Open pages hear once, at the end, of the entries changed and the proposals closed.
-    with live.coalesced(), lifecycle.coalesced():
+    with lifecycle.coalesced():
         return _approve(
             workspace, ids=ids, all=all, reason=reason, actor=actor, force=force, now=now, holder=holder
         )
@@ -474,7 +475,7 @@ def _approve(
             )
     finally:
         lease.release(workspace, holder=holder)
-        live.announce_queue(workspace.pk)
+        lifecycle.announce(workspace.pk)
     return {"applied": sorted(set(applied)), "skipped": skipped, "backup_file": backup_file}
 
 
@@ -560,5 +561,5 @@ def reject(
         kept = set(pks)
         entries = sorted({p.entry_ref for p in chosen if p.pk in kept})
         holds.hold(workspace, entries, reason=HoldReason.REJECT, actor=actor, now=now)
-    live.announce_queue(workspace.pk)
+    lifecycle.announce(workspace.pk)
     return {"rejected": entries, "skipped": skipped}

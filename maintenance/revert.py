@@ -19,10 +19,10 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from maintenance.models import MaintenanceRun
-from maintenance.scoring_db import refresh_scores
 from memory import holds, lifecycle
 from memory.errors import NotFound
 from memory.models import Entry, HoldReason, LifecycleEvent, Relationship, Status, Workspace
+from memory.scoring_db import refresh_scores
 from memory.services import link_partners
 
 REVERTIBLE_TO = (Status.ARCHIVED, Status.TOMBSTONED, Status.STALE)

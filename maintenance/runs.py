@@ -41,25 +41,18 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
-from maintenance import (
-    backups,
-    bookkeeping,
-    hygiene,
-    lease,
-    passes,
-    plan_snapshot,
-    plan_status,
-    proposals,
-    scoring_db,
-)
-from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus
+from maintenance import backups, bookkeeping, hygiene, lease, passes, plan_snapshot, plan_status, proposals
+from maintenance.models import MaintenanceRun, RunKind, RunStatus
 from maintenance.passes import LeaseLost, PassResult, RunContext
-from memory import events, lifecycle, live
+from maintenance.signals import announce_run
+from memory import lifecycle, scoring_db
 from memory.models import LISTED_STATUSES, Entry, Workspace
 from memory.policy import PolicyValues, clamp_value, clean_tags
+from memory.policy_model import MaintenancePolicy
 
 log = logging.getLogger(__name__)
 
@@ -111,47 +104,58 @@ class BackupFailed(Exception):
 Step = tuple[str, Callable[[RunContext], PassResult]]
 
 
+# The passes of each kind of run, in order: the count each feeds and the function that does it,
+# by its name in ``maintenance.passes`` (``bookkeeping.`` names one of ``maintenance.bookkeeping``),
+# looked up when a run starts. Hygiene, contradictions and compaction can each run alone, after
+# scoring.
+RUN_PASSES: dict[str, tuple[tuple[str, str], ...]] = {
+    RunKind.HYGIENE: (("scored", "score"), ("low_quality_archived", "archive_low_quality")),
+    RunKind.CONTRADICTIONS: (("scored", "score"), ("disputes_flagged", "flag_contradictions")),
+    RunKind.CONSOLIDATE: (("scored", "score"), ("consolidated", "compact")),
+    RunKind.PRUNE: (
+        ("scored", "score"),
+        ("archived", "archive_aged"),
+        ("pruned", "prune"),
+        ("hard_deleted", "purge"),
+    ),
+    RunKind.DECAY: (
+        ("scored", "score"),
+        ("evicted", "decay"),
+        ("expired", "expire_ttl"),
+        ("hard_deleted", "purge"),
+    ),
+    RunKind.FULL: (
+        ("scored", "score"),
+        ("staged_graduated", "graduate_staged"),
+        ("staged_expired", "expire_staged"),
+        ("stale_marked", "mark_stale"),
+        ("archived", "archive"),
+        ("low_quality_archived", "archive_low_quality"),
+        ("consolidated", "compact"),
+        ("pruned", "prune"),
+        ("evicted", "decay"),
+        ("expired", "expire_ttl"),
+        ("reclaimed", "reclaim"),
+        (ROWS_KEY, "bookkeeping.reclaim_bookkeeping"),
+        ("links_pruned", "prune_links"),
+        ("hard_deleted", "purge"),
+        ("disputes_flagged", "flag_contradictions"),
+        ("orphans", "count_orphans"),
+    ),
+}
+
+
 def steps(kind: str) -> list[Step]:
-    """The passes of each kind of run, in order, each with the count it feeds. Hygiene,
-    contradictions and compaction can each run alone, after scoring."""
-    if kind == RunKind.HYGIENE:
-        return [("scored", passes.score), ("low_quality_archived", passes.archive_low_quality)]
-    if kind == RunKind.CONTRADICTIONS:
-        return [("scored", passes.score), ("disputes_flagged", passes.flag_contradictions)]
-    if kind == RunKind.CONSOLIDATE:
-        return [("scored", passes.score), ("consolidated", passes.compact)]
-    if kind == RunKind.PRUNE:
-        return [
-            ("scored", passes.score),
-            ("archived", lambda ctx: passes.archive(ctx, stale_part=False)),
-            ("pruned", passes.prune),
-            ("hard_deleted", passes.purge),
-        ]
-    if kind == RunKind.DECAY:
-        return [
-            ("scored", passes.score),
-            ("evicted", passes.decay),
-            ("expired", passes.expire_ttl),
-            ("hard_deleted", passes.purge),
-        ]
-    return [
-        ("scored", passes.score),
-        ("staged_graduated", passes.graduate_staged),
-        ("staged_expired", passes.expire_staged),
-        ("stale_marked", passes.mark_stale),
-        ("archived", passes.archive),
-        ("low_quality_archived", passes.archive_low_quality),
-        ("consolidated", passes.compact),
-        ("pruned", passes.prune),
-        ("evicted", passes.decay),
-        ("expired", passes.expire_ttl),
-        ("reclaimed", passes.reclaim),
-        (ROWS_KEY, bookkeeping.reclaim_bookkeeping),
-        ("links_pruned", passes.prune_links),
-        ("hard_deleted", passes.purge),
-        ("disputes_flagged", passes.flag_contradictions),
-        ("orphans", passes.count_orphans),
-    ]
+    """The passes a run of ``kind`` executes (``RUN_PASSES``; a kind it does not name runs the
+    full set), each with the count it feeds."""
+    return [(key, _pass_named(name)) for key, name in RUN_PASSES.get(kind, RUN_PASSES[RunKind.FULL])]
+
+
+def _pass_named(name: str) -> Callable[[RunContext], PassResult]:
+    module, _, attr = name.rpartition(".")
+    home = bookkeeping if module == "bookkeeping" else passes
+    found: Callable[[RunContext], PassResult] = getattr(home, attr)
+    return found
 
 
 ARCHIVING = ("staged_expired", "archived", "low_quality_archived", "consolidated")
@@ -249,7 +253,7 @@ def effective_policy(workspace: Workspace, params: dict[str, Any] | None) -> Pol
 
 class Progress:
     """Where a run is: recorded on its row (``MaintenanceRun.progress``) once per pass — never
-    per row — and pushed to the open run page (``memory.live.run_progress``).
+    per row — and announced (``maintenance.signals.run_changed``: the console pushes it to the open run page).
 
     ``{"phase": "plan" | "apply", "pass": <count key>, "step": i, "steps": n, "rows_done": the
     counts of the phase's finished passes added up, "elapsed_s": seconds since the run started}``.
@@ -289,7 +293,7 @@ class Progress:
         try:
             if not connection.in_atomic_block or self.inside_caller:
                 MaintenanceRun.objects.filter(pk=self.run.pk).update(progress=state)
-                live.run_progress(self.run)
+                announce_run(self.run, "progress")
             elif (connection.vendor == "postgresql" or plan_snapshot.active()) and (
                 time.monotonic() - self.last_aside >= ASIDE_EVERY
             ):
@@ -316,7 +320,7 @@ def _write_aside(run: MaintenanceRun, state: dict[str, Any]) -> None:
                 f"UPDATE {MaintenanceRun._meta.db_table} SET progress = %s WHERE id = %s",
                 [json.dumps(state), run.pk],
             )
-            events.deliver_aside(run.workspace_id, live.progress_renderer(run)(run.workspace_id), cursor)
+            announce_run(run, "progress", cursor=cursor)
     finally:
         side.close()
 
@@ -531,7 +535,7 @@ def _finish(
             "progress",
         ]
     )
-    live.run_finished(run)
+    announce_run(run, "finished")
     return result
 
 
@@ -614,7 +618,7 @@ def run_maintenance(
         actor,
         params={"now": now.isoformat(), **_policy_params(policy)},
     )
-    live.run_started(run)
+    announce_run(run, "started")
     return _run(run, now=now, policy=policy, params=params, progress=progress, batch_size=batch_size)
 
 
@@ -644,7 +648,7 @@ def queue_run(
         status=RunStatus.QUEUED,
         params={"requested": requested} if requested else {},
     )
-    live.run_started(run)
+    announce_run(run, "started")
     return run
 
 
@@ -678,7 +682,7 @@ def start_queued(run: MaintenanceRun, *, batch_size: int = passes.BATCH_SIZE) ->
     policy = effective_policy(run.workspace, params if run.kind == RunKind.PRUNE else None)
     run.params = {"now": now.isoformat(), **_policy_params(policy)}
     run.save(update_fields=["params"])
-    live.run_started(run)
+    announce_run(run, "started")
     return _run(run, now=now, policy=policy, params=params, progress=None, batch_size=batch_size)
 
 
@@ -854,3 +858,25 @@ def prune_result(result: dict[str, Any]) -> dict[str, Any]:
         "run_id": result["run_id"],
         "status": result["status"],
     }
+
+
+# --- dry runs in the request -------------------------------------------------------------
+
+INLINE_DRY_RUN_MAX_ENTRIES = 2000
+
+
+def inline_dry_run_max() -> int:
+    """Latest entries up to which a dry run is worked in the request (setting
+    ``MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES``)."""
+    return int(getattr(settings, "MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES", INLINE_DRY_RUN_MAX_ENTRIES))
+
+
+def runs_inline(workspace: Any, *, dry_run: bool) -> bool:
+    """A dry run of a small workspace is worked in the request; everything else is queued. The
+    count stops at the limit: one bounded query however large the workspace is."""
+    if not dry_run:
+        return False
+    limit = inline_dry_run_max()
+    return (
+        Entry.objects.filter(workspace=workspace, is_latest=True).values("pk")[: limit + 1].count() <= limit
+    )

@@ -8,20 +8,15 @@ from dataclasses import asdict
 from typing import Any, overload
 
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.functions import Substr
 
-from maintenance.models import (
-    Backup,
-    Dispute,
-    DisputeStatus,
-    MaintenancePolicy,
-    MaintenanceRun,
-    RunDaySummary,
-    RunKind,
-)
+from maintenance import hygiene
+from maintenance.models import Backup, Dispute, DisputeStatus, MaintenanceRun, RunDaySummary, RunKind
 from memory.errors import NotFound
 from memory.models import (
     AnchorStatus,
     CodeAnchor,
+    Entry,
     LifecycleEvent,
     Relationship,
     Status,
@@ -29,6 +24,7 @@ from memory.models import (
     Tombstone,
     Workspace,
 )
+from memory.policy_model import MaintenancePolicy
 from memory.selectors import status_counts
 
 
@@ -243,3 +239,48 @@ def workspace_stats(workspace: Workspace) -> dict[str, Any]:
         "last_runs": last_runs(workspace),
         "policy": policy_values(workspace),
     }
+
+
+# --- hygiene candidates, as pages and the command show them --------------------------------
+
+EXCERPT_CHARS = 240  # of an entry's text, in the tables of candidates and changes
+
+
+def hygiene_rows(candidates: Sequence[hygiene.Candidate]) -> list[dict[str, Any]]:
+    """One page of candidates with what the table shows (one query)."""
+    rows = {
+        r["pk"]: r
+        for r in Entry.objects.filter(pk__in=[c.id for c in candidates])
+        .annotate(excerpt=Substr("content", 1, EXCERPT_CHARS))
+        .values("pk", "title", "excerpt", "entry_type", "tier", "source")
+    }
+    return [
+        {
+            "id": c.id,
+            "title": rows[c.id]["title"],
+            "excerpt": rows[c.id]["excerpt"],
+            "entry_type": rows[c.id]["entry_type"],
+            "tier": rows[c.id]["tier"],
+            "source": rows[c.id]["source"],
+            "created_at": c.created_at,
+            "access_count": c.access_count,
+            "score": c.score,
+            "reasons": [r.as_dict() for r in c.reasons],
+            "recommendation": c.recommendation,
+        }
+        for c in candidates
+        if c.id in rows  # purged between the scan and this read
+    ]
+
+
+def hygiene_reason_codes() -> list[str]:
+    """The reasons a candidate can be filtered by, in the order the pages list them."""
+    return [
+        "incomplete_fragment",
+        "truncated_or_unbalanced",
+        "code_heavy",
+        "implementation_residue",
+        "exact_duplicate",
+        "flagged_by_feedback",
+        "legacy_import",
+    ]

@@ -1,14 +1,40 @@
-"""Signal handlers of the maintenance app (connected in ``MaintenanceConfig.ready()``)."""
+"""The maintenance app's signals, and its handlers (connected in ``MaintenanceConfig.ready()``).
+
+``run_changed`` — a run was recorded or started (``stage="started"``), began its next pass
+(``"progress"``) or ended, whatever its status (``"finished"``). Keyword arguments: ``run``
+(the MaintenanceRun row in hand, its ``progress`` current) and ``stage``; for progress told
+from inside a plan's long transaction, ``cursor``: a cursor of a connection of its own, through
+which a receiver tells at once (its writes commit on their own). Receivers of the other stages
+act after commit. The console's live layer receives it and pushes the run's page, the run list
+and, after a run that changed entries, the review counts.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.dispatch import Signal
 from django_q.models import Schedule
 
+from maintenance.models import MaintenanceRun
 from maintenance.schedules import sync_schedules
+
+log = logging.getLogger(__name__)
+
+run_changed = Signal()
+
+
+def announce_run(run: MaintenanceRun, stage: str, *, cursor: Any = None) -> None:
+    """Send ``run_changed``; a receiver's failure is logged, never raised (telling is a
+    courtesy: it never fails the run)."""
+    for receiver, result in run_changed.send_robust(
+        sender=MaintenanceRun, run=run, stage=stage, cursor=cursor
+    ):
+        if isinstance(result, Exception):
+            log.warning("run %s (%s) not told by %r", run.pk, stage, receiver, exc_info=result)
 
 
 def sync_schedules_after_migrate(

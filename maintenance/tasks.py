@@ -78,14 +78,7 @@ from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 
 from maintenance import hygiene, lease
-from maintenance.models import (
-    MaintenanceLease,
-    MaintenancePolicy,
-    MaintenanceRun,
-    RunKind,
-    RunStatus,
-    RunTrigger,
-)
+from maintenance.models import MaintenanceLease, MaintenanceRun, RunKind, RunStatus, RunTrigger
 from maintenance.runs import (
     LEASE_HELD,
     QUEUED_GIVEN_UP_AFTER,
@@ -96,10 +89,11 @@ from maintenance.runs import (
     run_maintenance,
     start_queued,
 )
-from memory import live
+from maintenance.signals import announce_run
 from memory.errors import Unavailable
 from memory.models import Workspace
 from memory.policy import PolicyValues
+from memory.policy_model import MaintenancePolicy
 
 log = logging.getLogger(__name__)
 
@@ -474,7 +468,7 @@ def enqueue_run(run: MaintenanceRun) -> None:
             )
             if failed:
                 run.refresh_from_db()
-                live.run_finished(run)
+                announce_run(run, "finished")
             raise Unavailable(f"{QUEUE_REFUSED}; the run was recorded as failed", run_id=run.pk) from exc
 
     if Conf.ORM and not Conf.BROKER_CLASS:

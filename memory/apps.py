@@ -27,8 +27,3 @@ class MemoryConfig(AppConfig):
         IntegerField.register_lookup(AnyOf)  # AutoField, BigAutoField, BigIntegerField too
         ForeignObject.register_lookup(AnyOf)  # relations keep lookups of their own
         post_migrate.connect(_ensure_search_index, sender=self, dispatch_uid="memory.search_index")
-        # The console's live layer hears of every status change, whichever door made it.
-        from memory import live
-        from memory.signals import entries_changed
-
-        entries_changed.connect(live.on_entries_changed, dispatch_uid="memory.live.entries_changed")

@@ -33,11 +33,11 @@ from django.utils import timezone
 from ninja.security import HttpBearer
 from ninja.security.session import SessionAuth
 
-from maintenance.models import MaintenancePolicy
 from memory import rawsql
 from memory.errors import Forbidden, ServiceError
 from memory.models import ApiKey, Membership, Role, Workspace
 from memory.policy import PolicyValues
+from memory.policy_model import MaintenancePolicy
 from memory.services import actor_for_key, actor_for_user, hash_key
 
 ROLE_LEVEL = {"viewer": 0, "agent": 1, "operator": 2, "admin": 3}
@@ -179,7 +179,7 @@ KEY_MAX = 200  # characters of a presented key: longer is no key of ours, refuse
 def key_principal(token: str) -> Principal | None:
     """The principal of a presented API key, or None when it is no live key: the one door of
     every key-authenticated request, the JSON API's (``BearerKey``) and the MCP endpoint's
-    (``memory.mcp``). The key's sha256 is looked up (a revoked key is unknown), its per-key
+    (``api.mcp``). The key's sha256 is looked up (a revoked key is unknown), its per-key
     rate limit counted (``RateLimited`` past it) and its ``last_used_at`` kept current to
     the minute."""
     if not token or len(token) > KEY_MAX:

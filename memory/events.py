@@ -1,7 +1,7 @@
 """Delivering live updates: ready-rendered HTML fragments to every open page of a workspace.
 
 Two transports, chosen by the channel layer (``CHANNEL_LAYERS``; the design is described in
-``memory.live``):
+``console.live``):
 
 - **Shared layer** (channels-redis, ``REDIS_URL`` set): ``deliver`` sends straight to the
   workspace's group; every web process on every machine receives it.

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from memory import live
+from memory import lifecycle
 from memory.errors import Conflict
 from memory.models import Entry, LifecycleEvent, Workspace
 
@@ -74,7 +74,7 @@ def hold(
             )
             for pk, status in rows
         )
-    live.announce_queue(workspace.pk)  # keep, reject, dispute: any door
+    lifecycle.announce(workspace.pk)  # keep, reject, dispute: any door
     return len(rows)
 
 
@@ -105,5 +105,5 @@ def release(workspace: Workspace, entry: Entry, *, actor: str, now: datetime | N
         current.held_by = ""
         current.hold_reason = ""
         current.save(update_fields=["held_at", "held_by", "hold_reason"])
-    live.announce_queue(workspace.pk)
+    lifecycle.announce(workspace.pk)
     return current

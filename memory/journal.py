@@ -30,7 +30,6 @@ from django.db import connection, models, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from maintenance.scoring_db import refresh_scores
 from memory import services
 from memory.errors import InvalidInput, ServiceError
 from memory.models import (
@@ -48,6 +47,7 @@ from memory.models import (
     Tag,
     Workspace,
 )
+from memory.scoring_db import refresh_scores
 from memory.services import (
     ANCHORS_PER_ENTRY_MAX,
     STAGED_TTL_DAYS,

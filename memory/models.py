@@ -19,6 +19,7 @@ from django.utils import timezone
 
 CONTENT_MAX = 50_000
 TITLE_MAX = 200
+ID_MAX = 2**63 - 1  # the largest id: 64-bit on both databases (SQLite refuses larger integers)
 
 
 class Role(models.TextChoices):
@@ -486,7 +487,7 @@ class Entry(models.Model):
                 condition=Q(is_latest=True),
                 name="entry_latest_recent",
             ),
-            # The MCP briefing's constitutional rules, first (memory.mcp): a workspace has few,
+            # The MCP briefing's constitutional rules, first (api.mcp): a workspace has few,
             # and the importance index would be walked to its end to find that out.
             models.Index(
                 fields=["workspace", "-importance", "-id"],
@@ -774,7 +775,7 @@ class LifecycleEvent(models.Model):
 class LiveMessage(models.Model):
     """The outbox of live updates in the embedded mode (no shared channel layer): a process
     that announces a change writes the rendered fragment here, and the relay task of each web
-    process forwards the rows of other processes to its websockets (see ``memory.live``). Rows
+    process forwards the rows of other processes to its websockets (see ``console.live``). Rows
     live a few minutes."""
 
     # A plain id, no foreign key: the outbox is transport, not workspace data (no backup, no
@@ -810,3 +811,8 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"idempotency key {self.key!r} of workspace {self.workspace_id}"
+
+
+# Defined in its own module (it needs the workspace above); imported here so that Django
+# registers it with the app's other models.
+from memory.policy_model import MaintenancePolicy  # noqa: E402, F401

@@ -4,6 +4,7 @@ through. Pure: no ORM, so the rules are testable on their own."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -165,3 +166,44 @@ class PolicyValues:
         """Grace between tombstone and purge: hard_delete_older_than_days if set, else the
         tombstone grace."""
         return self.hard_delete_older_than_days or self.tombstone_grace_days
+
+
+# Hygiene's implementation_residue patterns, as an operator stores them: ``SOURCE_PATH`` stands
+# for the built-in source-path detector.
+SOURCE_PATH = "<source-path>"
+MAX_PATTERNS = 50
+MAX_PATTERN_CHARS = 200
+
+
+def clean_residue_patterns(value: Any) -> list[str]:
+    """Validate residue patterns for storage: a list of strings, each a regular expression
+    that compiles (or ``<source-path>``). Blank entries are dropped, duplicates removed; None
+    gives [] (= the built-in defaults). Raises ValueError with a message naming the problem."""
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple):
+        raise ValueError("residue_patterns: must be a list of strings (regular expressions)")
+    if len(value) > MAX_PATTERNS:
+        raise ValueError(f"residue_patterns: at most {MAX_PATTERNS} patterns")
+    out: dict[str, None] = {}
+    for item in value:
+        if not isinstance(item, str):
+            raise ValueError(f"residue_patterns: {item!r} is not a string")
+        if "\x00" in item:
+            raise ValueError("residue_patterns: a pattern may not contain a NUL character")
+        item = item.strip()
+        if not item:
+            continue
+        if len(item) > MAX_PATTERN_CHARS:
+            raise ValueError(
+                f"residue_patterns: {item[:40]!r}… is longer than {MAX_PATTERN_CHARS} characters"
+            )
+        if item != SOURCE_PATH:
+            try:
+                re.compile(item, re.I)
+            except re.error as exc:
+                raise ValueError(
+                    f"residue_patterns: {item!r} is not a valid regular expression ({exc})"
+                ) from None
+        out.setdefault(item, None)
+    return list(out)

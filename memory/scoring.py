@@ -1,6 +1,6 @@
 """Importance and retention: pure functions, no ORM, ``now`` never read here.
 
-Callers pass ages in fractional days. ``maintenance.scoring_db`` holds the database twin of
+Callers pass ages in fractional days. ``memory.scoring_db`` holds the database twin of
 both formulas; ``tests/test_scoring_parity.py`` proves they agree to 1e-9.
 """
 

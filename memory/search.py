@@ -59,7 +59,7 @@ from memory.errors import InvalidInput
 from memory.models import Entry, Status, Workspace, count_index
 
 Q_MAX = 500  # characters
-LIMIT_MAX = 500  # the bounds of every list page (memory.schemas.PAGE_MAX, OFFSET_MAX)
+LIMIT_MAX = 500  # the bounds of every list page (api.schemas.PAGE_MAX, OFFSET_MAX)
 OFFSET_MAX = 1_000_000_000
 MARK_START = "«"
 MARK_END = "»"

@@ -17,22 +17,22 @@ import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from maintenance.models import MaintenancePolicy
-from maintenance.scoring_db import rescore
 from memory import holds, lifecycle, rawsql, scoring
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import (
     CAUSAL_TYPES,
     CONTENT_MAX,
     EXTERNAL_ID_UNIQUE,
+    ID_MAX,
     LIVE_STATUSES,
     TITLE_MAX,
+    VISIBLE_STATUSES,
     AnchorStatus,
     ApiKey,
     CodeAnchor,
@@ -60,7 +60,9 @@ from memory.models import (
     Workspace,
 )
 from memory.policy import PROPOSE, PolicyValues
+from memory.policy_model import MaintenancePolicy
 from memory.scoring import step_salience
+from memory.scoring_db import rescore
 
 SYSTEM_ACTOR = "system"
 
@@ -471,9 +473,6 @@ def _mapping(value: Any, field: str) -> dict[str, Any]:
     return dict(value)
 
 
-ID_MAX = 2**63 - 1  # ids are 64-bit on both databases
-
-
 def _entry_id(value: Any, field: str) -> int:
     """An entry id given in a request body; one no row can have is not found (not an error of
     the database driver)."""
@@ -616,13 +615,38 @@ def _violates_external_id(exc: IntegrityError) -> bool:
 def _in_one_statement(entry: Entry, tags_found: list[Tag] | None) -> bool:
     """The common write on PostgreSQL (no new tags, nothing to check for contradictions) is
     one statement; the rest goes through the ORM in a transaction."""
-    return connection.vendor == "postgresql" and tags_found is not None and not _checked_on_write(entry)
+    return connection.vendor == "postgresql" and tags_found is not None and not checked_on_write(entry)
 
 
-def _checked_on_write(entry: Entry) -> bool:
-    from maintenance import contradictions  # maintenance imports this module
+def checked_on_write(entry: Entry) -> bool:
+    """A write of this entry is checked for contradictions before it returns: a live latest
+    constitutional entry, or a rule an operator wrote."""
+    return (
+        entry.is_latest
+        and entry.status in VISIBLE_STATUSES
+        and (
+            entry.tier == Tier.CONSTITUTIONAL
+            or (entry.source == Source.OPERATOR and entry.entry_type == EntryType.RULE)
+        )
+    )
 
-    return contradictions.checked_on_write(entry)
+
+class WriteCheck(Protocol):
+    """What checks a written rule against the workspace's others: returns the open disputes
+    the entry is part of."""
+
+    def check_on_write(self, entry: Entry, *, now: datetime | None = None) -> list[Any]: ...
+
+
+# The contradiction check of ``checked_on_write`` entries. The detector and its disputes belong
+# to maintenance, which installs it when the app is ready (``MaintenanceConfig.ready``): the
+# domain calls it without importing maintenance. Without one installed nothing is checked.
+_write_checks: list[WriteCheck] = []
+
+
+def install_write_check(check: WriteCheck) -> None:
+    if check not in _write_checks:
+        _write_checks.append(check)
 
 
 def _insert(
@@ -835,11 +859,9 @@ def _link(
 def _check_contradictions(entry: Entry, now: datetime) -> list[Any]:
     """On write, a constitutional entry or an operator's rule is checked for contradictions
     before the write returns; the open disputes it is part of are returned."""
-    from maintenance import contradictions  # maintenance imports this module
-
-    if not _checked_on_write(entry):
+    if not checked_on_write(entry):
         return []
-    return contradictions.check_on_write(entry, now=now)
+    return [dispute for check in _write_checks for dispute in check.check_on_write(entry, now=now)]
 
 
 @dataclass(frozen=True)
@@ -1200,49 +1222,15 @@ def entry_set_pinned(
     return entry
 
 
-def entry_purge(
-    *, workspace: Workspace, entry: Entry, actor: str, now: datetime | None = None
-) -> dict[str, Any]:
-    """The one hard delete outside maintenance (an operator's "purge now" of a tombstoned
-    entry): a backup first, then the lineage goes exactly as in the purge pass. The tombstone
-    is locked and re-checked after the backup, so a restore that raced the backup wins and
-    nothing is deleted."""
-    from maintenance import backups
-    from maintenance.passes import purge_lineages
-
-    open_tombstones = Tombstone.objects.filter(
-        workspace=workspace,
-        lineage_ref=entry.lineage_id or entry.pk,
-        restored_at__isnull=True,
-        purged_at__isnull=True,
-        entry__isnull=False,
-    )
-    if not open_tombstones.exists():
-        raise Conflict(f"entry {entry.pk} is not tombstoned; only tombstoned entries can be purged")
-    now = _now(now)
-    backup = backups.write_backup(workspace, reason="pre-prune", now=now)
-    with transaction.atomic():
-        rows = list(open_tombstones.select_for_update(of=("self",)).values("pk", "entry_ref", "lineage_ref"))
-        if not rows:
-            raise Conflict(f"entry {entry.pk} was restored or purged meanwhile; nothing was purged")
-        purge_lineages(workspace, rows, now, actor=actor, automatic=False)
-    return {
-        "purged": True,
-        "entry_id": rows[0]["entry_ref"],
-        "lineage_id": rows[0]["lineage_ref"],
-        "backup_file": backup.file_name,
-    }
-
-
 __all__ = [
     "LIVE_STATUSES",
     "STAGED_TTL_DAYS",
     "SYSTEM_ACTOR",
     "api_key_create",
+    "checked_on_write",
     "content_hash",
     "entry_create",
     "entry_feedback",
-    "entry_purge",
     "entry_record_access",
     "entry_reinforce",
     "entry_release",

@@ -10,7 +10,7 @@ block), never for a change that was rolled back. Keyword arguments:
   empty when unknown (a restore from a backup may have changed any);
 - ``count`` (int): how many entries changed (0 when unknown).
 
-The console's live layer (``memory.live``) receives it and pushes the new review counts to
+The console's live layer (``console.live``) receives it and pushes the new review counts to
 every open page of the workspace, whichever door the change came through.
 """
 

@@ -291,8 +291,8 @@ def _setup_django() -> None:
 
 
 def _seed(slug: str, entries: int, now: datetime, seed: int, review_mode: str | None) -> dict[str, Any]:
-    from maintenance.models import MaintenancePolicy
     from memory import journal, services
+    from memory.policy_model import MaintenancePolicy
 
     workspace = services.workspace_create(slug=slug, review_mode=review_mode)
     policy = MaintenancePolicy.objects.get(workspace=workspace)
@@ -429,8 +429,8 @@ def _hosted_seed(count: int, entries: int, big: int, now: datetime) -> dict[str,
     from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
     from django.contrib.sessions.backends.db import SessionStore
 
-    from maintenance.models import MaintenancePolicy
     from memory import journal, services
+    from memory.policy_model import MaintenancePolicy
 
     keys: dict[str, str] = {}
     for i in range(count):

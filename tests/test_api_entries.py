@@ -919,7 +919,7 @@ def test_a_write_scores_with_the_policy_its_own_request_read(workspace, agent):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from maintenance.models import MaintenancePolicy
+    from memory.policy_model import MaintenancePolicy
 
     retentions = []
     for salience_default in (0.5, 1.5):

@@ -26,7 +26,7 @@ from django.test import Client
 from django.utils import timezone
 
 from config.api import api
-from maintenance.models import Dispute, MaintenancePolicy, MaintenanceRun, Proposal
+from maintenance.models import Dispute, MaintenanceRun, Proposal
 from memory import services
 from memory.models import (
     CodeAnchor,
@@ -38,6 +38,7 @@ from memory.models import (
     Tombstone,
     Workspace,
 )
+from memory.policy_model import MaintenancePolicy
 from tests.helpers_runs import work_queued_runs
 
 pytestmark = pytest.mark.django_db

@@ -11,13 +11,14 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from api.maintenance_schemas import CountsOut, PolicyIn, PolicyOut
 from maintenance.lease import acquire, new_holder
-from maintenance.models import Backup, MaintenancePolicy, MaintenanceRun
+from maintenance.models import Backup, MaintenanceRun
 from maintenance.runs import COUNT_KEYS, rows_done
-from maintenance.schemas import CountsOut, PolicyIn, PolicyOut
 from memory import services
 from memory.models import ApiKey, Entry, Tombstone
 from memory.policy import LIMITS
+from memory.policy_model import MaintenancePolicy
 from tests.helpers_runs import finish_queued
 
 pytestmark = pytest.mark.django_db

@@ -15,10 +15,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from maintenance.lease import acquire, new_holder
-from maintenance.models import MaintenancePolicy, MaintenanceRun, Proposal
+from maintenance.models import MaintenanceRun, Proposal
 from maintenance.runs import run_maintenance
 from memory import holds, services
 from memory.models import Entry, LifecycleEvent
+from memory.policy_model import MaintenancePolicy
 from tests.helpers_runs import work_queued_runs
 
 pytestmark = pytest.mark.django_db

@@ -4,9 +4,9 @@ change to the row must show on the very next lookup."""
 
 import pytest
 
-from maintenance.models import MaintenancePolicy
 from memory import auth, services
 from memory.policy import PolicyValues
+from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
 

@@ -19,10 +19,11 @@ from django.core.management import call_command
 from django.test import Client
 
 from config.settings import backup_storage
-from maintenance import backups
-from maintenance.models import Backup, MaintenancePolicy
+from maintenance import backups, purge_now
+from maintenance.models import Backup
 from memory import services
 from memory.models import Entry, TombstoneReason
+from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +105,7 @@ def test_pre_prune_rotation_and_cleanup_delete_from_the_storage(workspace, in_me
 def test_a_purge_writes_its_pre_prune_backup_to_the_storage(workspace, in_memory):
     entry = populate(workspace)[0]
     services.entry_tombstone(workspace=workspace, entry_id=entry.pk, reason=TombstoneReason.API, actor="t")
-    services.entry_purge(workspace=workspace, entry=entry, actor="user:ops")
+    purge_now.entry_purge(workspace=workspace, entry=entry, actor="user:ops")
     (backup,) = Backup.objects.filter(workspace=workspace)
     assert backup.reason == "pre-prune"
     assert in_memory.exists(f"acme/{backup.file_name}")

@@ -24,15 +24,7 @@ from django.test.utils import CaptureQueriesContext
 
 from maintenance import backups
 from maintenance.backups import BackupError, RestoreRefused
-from maintenance.models import (
-    Backup,
-    Dispute,
-    MaintenanceLease,
-    MaintenancePolicy,
-    MaintenanceRun,
-    Proposal,
-    RunDaySummary,
-)
+from maintenance.models import Backup, Dispute, MaintenanceLease, MaintenanceRun, Proposal, RunDaySummary
 from memory import services
 from memory.errors import InvalidInput
 from memory.journal import SAMPLE_PATH, export_records, import_journal
@@ -49,6 +41,7 @@ from memory.models import (
     Tombstone,
     Workspace,
 )
+from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
 

@@ -7,11 +7,12 @@ from datetime import UTC, timedelta
 
 import pytest
 
-from maintenance.models import MaintenancePolicy, MaintenanceRun, RunDaySummary
+from maintenance.models import MaintenanceRun, RunDaySummary
 from maintenance.revert import revert_run
 from maintenance.runs import run_maintenance
 from memory import services
 from memory.models import Entry, LifecycleEvent, Tombstone
+from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
 

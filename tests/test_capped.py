@@ -12,9 +12,10 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from console import live
+from console.selectors_maintenance import review_counts
 from maintenance import hygiene
-from maintenance.console_selectors import review_counts
-from memory import capped, live, services
+from memory import capped, services
 from memory.models import Entry, Tombstone
 
 pytestmark = pytest.mark.django_db

@@ -12,9 +12,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.forms.models import model_to_dict
 
-from maintenance.models import MaintenancePolicy
 from memory import services
 from memory.models import ApiKey, Membership, Workspace
+from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
 

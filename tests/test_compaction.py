@@ -8,11 +8,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from maintenance.compaction import digest
-from maintenance.models import MaintenancePolicy, MaintenanceRun
+from maintenance.models import MaintenanceRun
 from maintenance.revert import revert_run
 from maintenance.runs import run_maintenance
 from memory import services
 from memory.models import CONTENT_MAX, Entry, LifecycleEvent, Relationship
+from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
 

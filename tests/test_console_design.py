@@ -11,12 +11,12 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 
-from maintenance.models import MaintenancePolicy
+from console.selectors import LABEL_CHARS, entry_label
+from console.templatetags.steward import excerpt_after_label
 from maintenance.runs import run_maintenance
 from memory import services
-from memory.console_selectors import LABEL_CHARS, entry_label
 from memory.models import Entry, Workspace
-from memory.templatetags.steward import excerpt_after_label
+from memory.policy_model import MaintenancePolicy
 from tests.helpers_console import login
 
 pytestmark = pytest.mark.django_db

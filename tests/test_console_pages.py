@@ -15,10 +15,12 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from console import charts
+from console import selectors as console_selectors
 from maintenance.lease import acquire, new_holder
 from maintenance.models import MaintenanceRun, RunStatus
 from maintenance.runs import run_maintenance
-from memory import charts, console_selectors, services
+from memory import services
 from memory.models import Entry, LifecycleEvent, Status, Workspace
 from tests.helpers_runs import work_queued_runs
 

@@ -15,10 +15,12 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from maintenance.models import MaintenancePolicy, Proposal, ProposalStatus
+from console import live
+from maintenance.models import Proposal, ProposalStatus
 from maintenance.runs import run_maintenance
-from memory import holds, live, services
+from memory import holds, services
 from memory.models import Entry, LifecycleEvent, Workspace
+from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
 

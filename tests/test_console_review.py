@@ -14,10 +14,11 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from maintenance.models import Dispute, MaintenancePolicy, MaintenanceRun, RunDaySummary
+from maintenance.models import Dispute, MaintenanceRun, RunDaySummary
 from maintenance.runs import COUNT_KEYS, run_maintenance
 from memory import services
 from memory.models import Entry, LifecycleEvent, Relationship, Tombstone, Workspace
+from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
 

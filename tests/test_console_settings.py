@@ -13,10 +13,10 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from maintenance.models import MaintenancePolicy
 from memory import services
 from memory.models import ApiKey, Workspace
 from memory.policy import LIMITS
+from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
 

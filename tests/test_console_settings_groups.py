@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from maintenance.settings_help import GROUPS, HELP, range_text
-from maintenance.views_settings import POLICY_FIELDS
+from console.settings_help import GROUPS, HELP, range_text
+from console.views_settings import POLICY_FIELDS
 from memory.policy import LIMITS
 from tests.helpers_console import login
 

@@ -8,9 +8,10 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
 from maintenance import proposals
-from maintenance.models import MaintenancePolicy, Proposal
+from maintenance.models import Proposal
 from maintenance.runs import run_maintenance
 from memory.models import Entry, LifecycleEvent, Membership, Workspace
+from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
 

@@ -10,10 +10,10 @@ import pytest
 from django.db import connection
 
 from maintenance import backups
-from maintenance.scoring_db import refresh_scores, rescore
 from memory import selectors, services
 from memory.models import RETENTION_UNSCORED, Entry, EntryScore
 from memory.scoring import DecayParams
+from memory.scoring_db import refresh_scores, rescore
 from tests.test_backups import backup_path, dump, populate, read_lines, wipe, with_fresh_checksum, write_lines
 
 

@@ -17,7 +17,6 @@ from maintenance import hygiene
 from maintenance.hygiene import (
     Reason,
     assess,
-    clean_residue_patterns,
     code_heavy,
     code_share,
     compile_residue_patterns,
@@ -31,12 +30,14 @@ from maintenance.hygiene import (
     score,
     truncated_or_unbalanced,
 )
-from maintenance.models import HygieneAssessment, MaintenancePolicy, MaintenanceRun
+from maintenance.models import HygieneAssessment, MaintenanceRun
 from maintenance.passes import RunContext
 from maintenance.revert import revert_run
 from maintenance.runs import run_maintenance
 from memory import services
 from memory.models import Entry, LifecycleEvent
+from memory.policy import clean_residue_patterns
+from memory.policy_model import MaintenancePolicy
 from tests.helpers_scores import set_scores
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,14 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCAL = {"config", "memory", "maintenance"}  # the product's packages, and manage.py beside them
+LOCAL = {
+    "config",
+    "memory",
+    "maintenance",
+    "api",
+    "console",
+    "cli",
+}  # the product's packages, and manage.py beside them
 
 
 def make_dry_run(target: str, tmp_path: Path) -> str:

@@ -21,11 +21,13 @@ from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from maintenance.models import MaintenancePolicy, MaintenanceRun
+from console import live
+from maintenance.models import MaintenanceRun
 from maintenance.revert import revert_entry, revert_run
 from maintenance.runs import run_maintenance
-from memory import lifecycle, live, services
+from memory import lifecycle, services
 from memory.models import Entry, LifecycleEvent, Tombstone
+from memory.policy_model import MaintenancePolicy
 from memory.signals import entries_changed
 
 pytestmark = pytest.mark.django_db
@@ -631,7 +633,7 @@ def test_without_the_live_receiver_a_status_change_pushes_nothing(
     """The signal is the live layer's only news of a status change: no door announces the
     review counts itself any more."""
     junk = make(workspace, now, days=40, content=JUNK)
-    connected = entries_changed.disconnect(dispatch_uid="memory.live.entries_changed")
+    connected = entries_changed.disconnect(dispatch_uid="console.live.entries_changed")
     assert connected  # by MemoryConfig.ready
     try:
         with django_capture_on_commit_callbacks(execute=True), time_machine.travel(now, tick=False):
@@ -639,5 +641,5 @@ def test_without_the_live_receiver_a_status_change_pushes_nothing(
             api("delete", f"/entries/{junk.pk}", workspace, "agent")
     finally:
         if connected:
-            entries_changed.connect(live.on_entries_changed, dispatch_uid="memory.live.entries_changed")
+            entries_changed.connect(live.on_entries_changed, dispatch_uid="console.live.entries_changed")
     assert pushed == []

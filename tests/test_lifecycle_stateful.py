@@ -50,7 +50,7 @@ from hypothesis.stateful import (
 
 from maintenance import proposals
 from maintenance.backups import read_backup
-from maintenance.models import Backup, MaintenancePolicy, MaintenanceRun, Proposal
+from maintenance.models import Backup, MaintenanceRun, Proposal
 from maintenance.revert import revert_entry, revert_run, revert_selection
 from maintenance.runs import AFFECTED_KEPT, ARCHIVING, TOMBSTONING, run_maintenance
 from memory import journal, services
@@ -65,6 +65,7 @@ from memory.models import (
     Tombstone,
     Workspace,
 )
+from memory.policy_model import MaintenancePolicy
 
 SLUG_A = "stateful-a"
 SLUG_B = "stateful-b"

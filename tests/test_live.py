@@ -22,10 +22,11 @@ from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
+from console import live
+from console.consumers import WorkspaceLiveConsumer, WorkspaceMembershipMiddleware
 from maintenance.models import Dispute, MaintenanceRun
 from maintenance.runs import run_maintenance, steps
-from memory import events, live, services
-from memory.consumers import WorkspaceLiveConsumer, WorkspaceMembershipMiddleware
+from memory import events, services
 from memory.events import Relay, publish_html
 from memory.models import LiveMessage
 
@@ -333,7 +334,7 @@ def test_a_fragment_that_fails_to_render_is_logged_and_dropped(workspace, monkey
         raise RuntimeError("template exploded")
 
     monkeypatch.setattr(live, "render_runs", broken)
-    with caplog.at_level(logging.ERROR, logger="memory.live"):
+    with caplog.at_level(logging.ERROR, logger="console.live"):
         live.announce_runs(workspace.pk)  # autocommit: runs now, must not raise
     assert "not rendered" in caplog.text
     assert not LiveMessage.objects.exists()
@@ -475,7 +476,7 @@ def test_the_context_processor_gives_the_queue_counts_of_the_page_only_when_used
 ):
     from django.template import Context, Template
 
-    from memory.console import Console
+    from console.access import Console
 
     request = rf.get("/")
     assert live.context(request) == {}  # not a workspace page

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from memory import mcp_http
+from api import mcp_http
 
 
 def test_exact_allowed_hosts_become_the_sdk_s_allow_lists_with_any_port(settings) -> None:

@@ -9,10 +9,10 @@ import pytest
 from django.db import connection, connections
 
 from maintenance import passes, plan_status
-from maintenance.models import MaintenancePolicy
 from maintenance.runs import run_maintenance
 from memory import services
 from memory.models import Entry, Relationship
+from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
 

@@ -5,10 +5,10 @@ from dataclasses import fields
 
 import pytest
 
-from maintenance.models import MaintenancePolicy
 from memory import services
 from memory.models import Workspace
 from memory.policy import LIMITS, PolicyValues, clamp_value, clean_tags
+from memory.policy_model import MaintenancePolicy
 from memory.scoring import DecayParams
 
 # The policy limits written out by hand, independent of policy.LIMITS: (default, low, high).

@@ -14,12 +14,13 @@ import time_machine
 from django.core.management import call_command
 
 from maintenance import hygiene, proposals, revert
-from maintenance.models import Backup, MaintenancePolicy, MaintenanceRun, Proposal
+from maintenance.models import Backup, MaintenanceRun, Proposal
 from maintenance.runs import run_maintenance
 from maintenance.tasks import run_scheduled
 from memory import journal, services
 from memory.errors import Conflict, InvalidInput
 from memory.models import Entry, LifecycleEvent, Status
+from memory.policy_model import MaintenancePolicy
 from tests.helpers_scores import set_scores
 
 pytestmark = pytest.mark.django_db

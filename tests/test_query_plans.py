@@ -169,7 +169,7 @@ def test_the_successors_of_an_entry_are_found_by_the_partial_supersedes_index(wo
 def test_the_count_of_automatic_changes_reads_only_the_open_automatic_events(workspace, entries):
     """The review tab's count (on every console page) reads the partial index of automatic
     archivals and tombstones not yet reverted, not every event of the workspace."""
-    from maintenance.console_selectors import automatic_changes
+    from console.selectors_maintenance import automatic_changes
     from memory import capped
     from memory.models import LifecycleEvent
 

@@ -25,13 +25,14 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
+from console import live
 from maintenance import runs
 from maintenance.lease import acquire, new_holder
 from maintenance.models import MaintenanceRun
 from maintenance.revert import revert_run
 from maintenance.runs import rows_done, run_maintenance, steps
 from maintenance.tasks import dispatch_due_maintenance, run_queued
-from memory import live, services
+from memory import services
 from memory.models import Entry, LifecycleEvent, LiveMessage
 from tests.helpers_runs import finish_queued, post_run, queued_tasks, work_queued_runs
 from tests.helpers_subprocess import (
@@ -381,7 +382,7 @@ def test_the_mcp_preview_of_a_large_workspace_answers_the_queued_run_as_a_result
     MCP server's path to its result): queued, it is a result naming the run, not an error."""
     from django.test import RequestFactory
 
-    from memory import mcp
+    from api import mcp
     from memory.auth import Principal
 
     cold(workspace, 3)

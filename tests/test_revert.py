@@ -5,12 +5,12 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 
-from maintenance.models import MaintenancePolicy
 from maintenance.revert import revert_entry, revert_run, revert_selection
 from maintenance.runs import run_maintenance
 from memory import services
 from memory.errors import NotFound
 from memory.models import Entry, LifecycleEvent, Relationship, Tombstone
+from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
 
@@ -109,7 +109,7 @@ def test_a_revert_rescores_exactly_the_entries_whose_counted_links_changed(works
     """An entry's own status is no input of its scores; a link counts while its other end is
     not tombstoned. So a revert refreshes the link partners of entries it brings out of the
     tombstone, and both ends of the links it restores — and leaves the other scores alone."""
-    from maintenance.scoring_db import refresh_scores
+    from memory.scoring_db import refresh_scores
 
     cold = old(workspace, now, expires_at=now - timedelta(days=1))  # a TTL tombstones a linked entry too
     partner = services.entry_create(workspace=workspace, content="a fresh partner note", now=now)
@@ -240,8 +240,8 @@ def test_a_batched_revert_tells_open_pages_once(
 ):
     """Each batch places holds, which announce the review counts; rendering them reads the
     whole workspace (seconds at a million entries), so a revert announces once, at its end."""
+    from console import live
     from maintenance import revert
-    from memory import live
 
     ids = [old(workspace, now).pk for _ in range(6)]
     run_id = run_maintenance(workspace=workspace, now=now, force=True)["run_id"]

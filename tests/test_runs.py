@@ -8,10 +8,11 @@ import pytest
 from django.core.management import call_command
 
 from maintenance.lease import acquire, new_holder
-from maintenance.models import MaintenancePolicy, MaintenanceRun
+from maintenance.models import MaintenanceRun
 from maintenance.runs import COUNT_KEYS, decay_result, prune_result, run_maintenance
 from memory import journal, services
 from memory.models import Entry, LifecycleEvent, Relationship, Tombstone
+from memory.policy_model import MaintenancePolicy
 from tests.helpers_scores import set_scores
 
 pytestmark = pytest.mark.django_db

@@ -19,11 +19,12 @@ from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 
 from maintenance import signals, tasks
-from maintenance.models import MaintenancePolicy, MaintenanceRun, RunKind, RunStatus, RunTrigger
+from maintenance.models import MaintenanceRun, RunKind, RunStatus, RunTrigger
 from maintenance.schedules import SCHEDULES, ScheduleSpec, sync_schedules
 from memory import services
 from memory.models import Workspace
 from memory.policy import PolicyValues
+from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
 
@@ -259,7 +260,7 @@ def test_the_dashboard_shows_the_times_the_dispatcher_acts_on(workspace, now, hi
     """The console's "next runs" and the dispatcher read one history and one rule: at every
     minute of the next day, a kind the dashboard shows as due is what the dispatcher enqueues
     (a full run alone: it sweeps too), and nothing else."""
-    from memory.console_selectors import next_runs
+    from console.selectors import next_runs
 
     hour = timedelta(hours=1)
     record_run(workspace, RunKind.FULL, started=now - 30 * hour, finished=now - 29 * hour)

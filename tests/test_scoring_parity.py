@@ -11,10 +11,10 @@ from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from maintenance.scoring_db import FEW_IDS, refresh_scores, rescore
 from memory import services
 from memory.models import CAUSAL_TYPES, CodeAnchor, Entry, EntryAccess, Relationship, Workspace
 from memory.scoring import DecayParams, importance, retention
+from memory.scoring_db import FEW_IDS, refresh_scores, rescore
 from tests.helpers_scores import set_scores
 
 pytestmark = pytest.mark.django_db

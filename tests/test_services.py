@@ -8,8 +8,6 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 
-from maintenance.models import MaintenancePolicy
-from maintenance.scoring_db import refresh_scores
 from memory import scoring, services
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import (
@@ -21,6 +19,8 @@ from memory.models import (
     Tag,
     Tombstone,
 )
+from memory.policy_model import MaintenancePolicy
+from memory.scoring_db import refresh_scores
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ import ast
 import sys
 from pathlib import Path
 
-PACKAGES = ("config", "memory", "maintenance")
+PACKAGES = ("config", "memory", "maintenance", "api", "console", "cli")
 
 
 def _private(name: str) -> bool:

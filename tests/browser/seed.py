@@ -77,10 +77,11 @@ def seed(password: str) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from maintenance.models import Dispute, MaintenancePolicy
+    from maintenance.models import Dispute
     from maintenance.runs import run_maintenance
     from memory import services
     from memory.models import Entry
+    from memory.policy_model import MaintenancePolicy
 
     now = timezone.now()
     user = get_user_model().objects.create_user(USERNAME, password=password)
@@ -175,10 +176,11 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
     """The "layout" workspace: long, realistic values in every table of every console page
     (entries, the entry page's anchors, links, versions and history, runs with a backup, the
     review tabs, API keys). ``workspace`` makes a workspace as seed() does."""
-    from maintenance.models import Dispute, MaintenancePolicy
+    from maintenance.models import Dispute
     from maintenance.runs import run_maintenance
     from memory import holds, services
     from memory.models import HoldReason
+    from memory.policy_model import MaintenancePolicy
 
     ws = workspace("layout", "Payments platform (long values)")
     policy = MaintenancePolicy.objects.get(workspace=ws)

@@ -1,0 +1,317 @@
+"""Live updates of the console pages: what is announced, when, and how it reaches the browser.
+
+**What.** Ready-rendered HTML fragments whose top-level element carries an id; htmx's websocket
+extension (``hx-ws`` from django-htmx, connected by ``base.html`` on every workspace page)
+swaps each one out of band, replacing the element of the same id. The publisher renders the
+very partial the pages include, so a page shows the same thing before and after an update:
+
+- ``console/partials/live_runs.html`` — ``<section id="live-runs">``, the last runs
+  (``announce_runs``);
+- ``console/partials/run_progress.html`` — ``<div id="run-progress-<id>">``, where one run
+  is: queued, the pass it is in with rows done and time elapsed, or how it ended
+  (``run_progress``, once per pass, and when it starts and ends). Only that run's page has the
+  element; when the pushed fragment says the run ended, the page reloads its own run section
+  (``static/js/console.js``), so counts, affected entries and revert appear without a reload;
+- ``console/dashboard.html#status-counts`` — ``<section id="status-counts">``, the
+  dashboard's entries by status (``render_status_counts``, when an applied or proposing run
+  ends);
+- ``console/partials/live_queue.html`` — ``<span id="live-queue">``, the open review counts
+  of the header, the dashboard's "N changes await approval" (``<p id="live-pending">``) and
+  the review queue's tab counts (``<span id="review-count-…">``; not hygiene, whose count
+  needs a scan of every entry) (``announce_queue``). The Pending approval tab reloads its
+  rows when the pushed proposal count differs from the one it shows.
+
+Fragments go to every member of the workspace whatever their role, so they carry links and
+no action buttons (actions stay on the pages, where the server checks the role).
+
+**When.** ``run_started``/``run_finished`` are called by ``maintenance.runs`` when a run is
+recorded and when it ends (in whatever process runs it: web, django-q2 worker, command line).
+Every status change of entries — archive, tombstone, restore, revert, hygiene's archive, a
+pass's batch, an approval, a purge — is announced by the domain after commit
+(``memory.signals.entries_changed``, sent by ``memory.lifecycle``; a run, a revert or an
+approval announces once at its end): ``on_entries_changed`` receives it and sends the review
+counts (``announce_queue``), whatever door the change came through. The services that change
+review work without changing a status call ``announce_queue`` themselves (proposals recorded,
+approved or rejected; holds placed and released — keep, reject, dispute —; disputes
+flagged), and console views call it after their actions too. Rendering
+and sending happen after the transaction commits (``transaction.on_commit``): a rolled-back
+write announces nothing, and a fragment shows committed state. An announcement never breaks
+or slows the work that makes it: errors are logged and dropped, a send waits at most two
+seconds, rendering is one query.
+
+**How** (``memory.events``):
+
+- *Hosted* (``REDIS_URL``: channels-redis): the fragment is sent to the workspace's group on
+  the shared layer; every web process on every machine forwards it to its websockets.
+- *Embedded* (no Redis: ``InMemoryChannelLayer``, which reaches only its own process): the
+  fragment is sent to the local group — pages served by the same process get it at once — and
+  written to the outbox table ``LiveMessage`` with the writing process's id. Every web process
+  runs one relay task (started by the first websocket that connects, stopped a minute after
+  the last one closed) that polls the outbox every 0.5 s with one indexed query, forwards the
+  rows of *other* processes (a django-q2 worker, ``manage.py maintain``) to its local group,
+  and deletes rows older than five minutes. So a run in the worker process reaches an open
+  dashboard within about half a second, with no service beyond the database. The consumer
+  itself never touches the database.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.template.loader import render_to_string
+from django.utils import timezone
+
+from console.selectors import next_runs
+from console.selectors_maintenance import open_review
+from maintenance.models import MaintenanceRun, ProposalAction
+from memory.capped import capped_counts
+from memory.events import deliver, deliver_aside
+from memory.models import Status, Workspace
+from memory.selectors import status_counts
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest
+
+    from maintenance.models import MaintenanceRun
+log = logging.getLogger(__name__)
+
+RUNS_SHOWN = 10
+RUNS_TEMPLATE = "console/partials/live_runs.html"
+QUEUE_TEMPLATE = "console/partials/live_queue.html"
+PROGRESS_TEMPLATE = "console/partials/run_progress.html"
+STATUS_TEMPLATE = "console/dashboard.html#status-counts"
+SCHEDULE_TEMPLATE = "console/dashboard.html#next-run"
+
+
+# --- what the pages include ------------------------------------------------------------------------
+
+
+def recent_runs(workspace: Workspace | int, limit: int = RUNS_SHOWN) -> list[MaintenanceRun]:
+    """The last runs of a workspace, newest first, with their workspace: one query."""
+    workspace_id = workspace if isinstance(workspace, int) else workspace.pk
+    return list(
+        MaintenanceRun.objects.filter(workspace_id=workspace_id)
+        .select_related("workspace")
+        .defer("affected", "params", "result", "error")
+        .order_by("-started_at", "-pk")[:limit]
+    )
+
+
+def runs_context(workspace: Workspace) -> dict[str, Any]:
+    """The context of ``live_runs.html`` (``runs``, ``workspace``) for a page that includes it."""
+    return {"runs": recent_runs(workspace), "workspace": workspace}
+
+
+QUEUE_KEYS = ("proposals", "proposed_archive", "proposed_tombstone", "automatic", "tombstones", "disputes")
+
+
+def queue_counts(workspace: Workspace | int) -> dict[str, int]:
+    """Open review work, in one statement, counted by the very selectors the review tabs list:
+    open proposals (and of them archives and tombstones), automatic changes a revert would
+    still undo (``automatic_changes``), open tombstones and open disputes — each capped at
+    ``memory.capped.CAP`` + 1 (pages show "1,000+"), so the header costs the same at a million
+    entries as at a thousand. (Hygiene candidates are left out: finding them scores entries.)"""
+    ws: Any = workspace if not isinstance(workspace, int) else Workspace(pk=workspace)
+    lists = open_review(ws)
+    proposed = lists["pending"]
+    return capped_counts(
+        {
+            "proposals": proposed,
+            "proposed_archive": proposed.filter(action=ProposalAction.ARCHIVE),
+            "proposed_tombstone": proposed.filter(action=ProposalAction.TOMBSTONE),
+            "automatic": lists["automatic"],
+            "tombstones": lists["tombstones"],
+            "disputes": lists["disputes"],
+        }
+    )
+
+
+def queue_context(workspace: Workspace) -> dict[str, Any]:
+    """The context of ``live_queue.html`` (``queue``, ``workspace``)."""
+    return {"queue": queue_counts(workspace), "workspace": workspace}
+
+
+def context(request: HttpRequest) -> dict[str, Any]:
+    """Template context processor: ``live_queue``, the review counts of the workspace page
+    being rendered (``request.console``, set by ``console.access.workspace_page``), computed
+    only if a template uses it (a callable: Django's templates call it on first use)."""
+    console = getattr(request, "console", None)
+    if console is None:
+        return {}
+    workspace = console.workspace
+    found: dict[str, int] = {}
+
+    def counts() -> dict[str, int]:  # the header and the dashboard share one query
+        if not found:
+            found.update(queue_counts(workspace))
+        return found
+
+    return {"live_queue": counts}
+
+
+def render_runs(workspace_id: int) -> str:
+    runs = recent_runs(workspace_id)
+    workspace = runs[0].workspace if runs else Workspace.objects.get(pk=workspace_id)
+    return render_to_string(RUNS_TEMPLATE, {"runs": runs, "workspace": workspace})
+
+
+def status_context(workspace: Workspace) -> dict[str, Any]:
+    """The context of the dashboard's "Entries by status" (``STATUS_TEMPLATE``): ``counts``
+    (status, n) in status order, ``total`` and ``workspace``. One query."""
+    counts = status_counts(workspace)
+    return {
+        "workspace": workspace,
+        "counts": [(status, counts.get(status, 0)) for status in Status.values],
+        "total": sum(counts.values()),
+    }
+
+
+def render_status_counts(workspace_id: int) -> str:
+    workspace = Workspace.objects.get(pk=workspace_id)
+    return render_to_string(STATUS_TEMPLATE, {**status_context(workspace), "oob": True})
+
+
+def render_schedule(workspace_id: int) -> str:
+    """The dashboard's "Next scheduled run": a run's start or end moves the next full run and
+    the next sweep."""
+    workspace = Workspace.objects.get(pk=workspace_id)
+    return render_to_string(
+        SCHEDULE_TEMPLATE, {"schedule": next_runs(workspace, now=timezone.now()), "oob": True}
+    )
+
+
+def render_queue(workspace_id: int) -> str:
+    workspace = Workspace.objects.get(pk=workspace_id)
+    return render_to_string(QUEUE_TEMPLATE, {**queue_context(workspace), "pushed": True})
+
+
+# --- announcing -----------------------------------------------------------------------------------
+
+
+# Inside ``coalesced()``: the announcements waiting for its end, per workspace (renderers in
+# order, each once).
+_pending: ContextVar[dict[int, list[Callable[[int], str]]] | None] = ContextVar("live_pending", default=None)
+
+
+@contextmanager
+def coalesced() -> Iterator[None]:
+    """Announce once, at the end, what a long operation would announce after each of its
+    batches. A revert of 250,000 entries commits 125 batches, and rendering the queue counts
+    reads the whole workspace (3-4 s at 1,000,000 entries): per batch, that was most of the
+    revert's time (bench/reports/maintenance.md, the revert section). The fragments are
+    rendered from committed state at the end — after the last commit, or on failure what the
+    committed batches left — so a batch rolled back inside may still be announced: pages then
+    show what is, once. Nested blocks announce at the outermost one's end."""
+    if _pending.get() is not None:
+        yield
+        return
+    token = _pending.set({})
+    try:
+        yield
+    finally:
+        waiting = _pending.get() or {}
+        _pending.reset(token)
+        for workspace_id, renderers in waiting.items():
+            _announce(workspace_id, *renderers)
+
+
+def _announce(workspace_id: int, *renderers: Callable[[int], str]) -> None:
+    """After commit: render the fragments and send them as one message. Never raises."""
+    waiting = _pending.get()
+    if waiting is not None:
+        listed = waiting.setdefault(workspace_id, [])
+        listed.extend(r for r in renderers if r not in listed)
+        return
+
+    def send() -> None:
+        try:
+            html = "\n".join(render(workspace_id) for render in renderers)
+        except Exception:
+            log.exception("live update of workspace %s not rendered", workspace_id)
+            return
+        deliver(workspace_id, html)
+
+    try:
+        transaction.on_commit(send, robust=True)
+    except Exception:
+        log.exception("live update of workspace %s not scheduled", workspace_id)
+
+
+def announce_runs(workspace_id: int) -> None:
+    """Open pages of the workspace show the current last runs (after commit)."""
+    _announce(workspace_id, render_runs)
+
+
+def announce_queue(workspace_id: int) -> None:
+    """Open pages of the workspace show the current review counts (after commit)."""
+    _announce(workspace_id, render_queue)
+
+
+def on_entries_changed(sender: Any, *, workspace_id: int, **changed: Any) -> None:
+    """The receiver of ``memory.signals.entries_changed`` (connected by ``MemoryConfig.ready``):
+    entries of the workspace changed status, its open pages show the review counts as they are
+    now (the tombstones, the automatic changes a revert would undo, ...)."""
+    announce_queue(workspace_id)
+
+
+def on_run_changed(
+    sender: Any, *, run: MaintenanceRun, stage: str, cursor: Any = None, **kwargs: Any
+) -> None:
+    """The receiver of ``maintenance.signals.run_changed`` (connected by ``ConsoleConfig.ready``).
+    Progress told through a cursor of its own (a plan's long transaction) is delivered through
+    it at once; the rest after commit."""
+    if cursor is not None:
+        deliver_aside(run.workspace_id, progress_renderer(run)(run.workspace_id), cursor)
+    elif stage == "started":
+        run_started(run)
+    elif stage == "progress":
+        run_progress(run)
+    else:
+        run_finished(run)
+
+
+def progress_renderer(run: MaintenanceRun) -> Callable[[int], str]:
+    """The run's progress fragment, rendered from the row in hand (no query) at send time."""
+    state = {
+        "run": {
+            "pk": run.pk,
+            "status": run.status,
+            "dry_run": run.dry_run,
+            "started_at": run.started_at,
+            "finished_at": run.finished_at,
+        },
+        "progress": dict(run.progress) if isinstance(run.progress, dict) else {},
+        "pushed": True,
+    }
+    return lambda workspace_id: render_to_string(PROGRESS_TEMPLATE, state)
+
+
+def run_started(run: MaintenanceRun) -> None:
+    """A run was recorded (queued or running) or a queued one started."""
+    _announce(run.workspace_id, render_runs, render_schedule, progress_renderer(run))
+
+
+def run_progress(run: MaintenanceRun) -> None:
+    """A run began its next pass (``maintenance.runs.Progress``): its page shows where it is."""
+    _announce(run.workspace_id, progress_renderer(run))
+
+
+def run_finished(run: MaintenanceRun) -> None:
+    """A run ended (any status): its row changes, and the queue and the entries by status may
+    have too."""
+    if run.dry_run or run.status not in ("succeeded", "proposed"):
+        _announce(run.workspace_id, render_runs, render_schedule, progress_renderer(run))
+    else:
+        _announce(
+            run.workspace_id,
+            render_runs,
+            render_schedule,
+            render_queue,
+            render_status_counts,
+            progress_renderer(run),
+        )

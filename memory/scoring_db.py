@@ -1,0 +1,557 @@
+"""The database twin of ``memory.scoring``: the same formulas as ORM expressions, so a
+sweep refreshes stored scores with one UPDATE per batch instead of one query per entry.
+
+``tests/test_scoring_parity.py`` proves both sides agree to 1e-9 on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import (
+    Case,
+    Count,
+    F,
+    FloatField,
+    Func,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.expressions import Combinable
+from django.db.models.functions import Cast, Coalesce, Exp, Greatest, Least, Ln
+
+from memory import rawsql, scoring
+from memory.models import (
+    CAUSAL_TYPES,
+    LISTED_STATUSES,
+    AnchorStatus,
+    CodeAnchor,
+    Entry,
+    EntryAccess,
+    EntryScore,
+    Relationship,
+    Status,
+    Workspace,
+)
+from memory.policy_model import MaintenancePolicy
+from memory.scoring import DecayParams
+
+SECONDS_PER_DAY = 86400.0
+BATCH_SIZE = 1000
+
+
+class EpochSeconds(Func):
+    """POSIX seconds of a datetime column, exact to the microsecond on both databases.
+
+    SQLite's julianday() keeps only milliseconds, which would break parity; Django stores
+    datetimes there as 'YYYY-MM-DD HH:MM:SS[.ffffff]' in UTC, so whole seconds come from
+    strftime('%s') of the text without its fraction (given the fraction, SQLite rounds to
+    the millisecond first: '...:59.9996' became the next second) and the microseconds from
+    the text itself.
+    """
+
+    output_field = FloatField()
+    arity = 1
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        sql, params = compiler.compile(self.source_expressions[0])
+        return (
+            f"(CAST(strftime('%%s', substr({sql}, 1, 19)) AS REAL) + "
+            f"COALESCE(CAST(NULLIF(substr({sql}, 21, 6), '') AS REAL), 0.0) / 1000000.0)",
+            (*params, *params),
+        )
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"CAST(EXTRACT(EPOCH FROM {sql}) AS double precision)", params
+
+
+def _f(value: float) -> Value:
+    return Value(float(value), output_field=FloatField())
+
+
+def _float(expr: Combinable | Func | Subquery) -> Cast:
+    return Cast(expr, FloatField())
+
+
+def _count(qs: QuerySet[Any], group: str) -> Coalesce:
+    subquery = qs.order_by().values(group).annotate(n=Count("pk")).values("n")[:1]
+    return Coalesce(Subquery(subquery), 0)
+
+
+# PostgreSQL raises "value out of range: underflow" for exp() of a large negative number where
+# Python returns 0.0; e^-600 ≈ 3e-261 is 0 for every purpose here and keeps both sides in step.
+EXP_FLOOR = -600.0
+
+
+def _exp(expr: Any) -> Exp:
+    return Exp(Greatest(expr, _f(EXP_FLOOR)))
+
+
+def _age_days(column: str, now_epoch: float) -> Greatest:
+    return Greatest(_f(0.0), (_f(now_epoch) - EpochSeconds(F(column))) / _f(SECONDS_PER_DAY))
+
+
+def counted_end(prefix: str, live_since: datetime | None = None) -> Q:
+    """The other end of a counted link: a latest version that is not tombstoned — or, for a
+    maintenance run at ``live_since``, one tombstoned at or after that instant (it was live when
+    the run's clock started, so a second run at the same ``now`` decides exactly as the first)."""
+    end = Q(**{f"{prefix}__status__in": LISTED_STATUSES})
+    if live_since is not None:
+        end |= Q(**{f"{prefix}__status": Status.TOMBSTONED, f"{prefix}__status_changed_at__gte": live_since})
+    return Q(**{f"{prefix}__is_latest": True}) & end
+
+
+def relationship_count_expr(*, causal_only: bool = False, live_since: datetime | None = None) -> Any:
+    """Active links in either direction whose other end is a live latest entry."""
+    base = Relationship.objects.filter(pruned_at__isnull=True)
+    if causal_only:
+        base = base.filter(type__in=CAUSAL_TYPES)
+    out = base.filter(counted_end("to_entry", live_since), from_entry=OuterRef("pk"))
+    inc = base.filter(counted_end("from_entry", live_since), to_entry=OuterRef("pk"))
+    return _count(out, "from_entry") + _count(inc, "to_entry")
+
+
+def anchor_multiplier_expr() -> Coalesce:
+    """The worst anchor wins: the smallest multiplier among the entry's anchors (none = 1)."""
+    per_anchor = Case(
+        When(status=AnchorStatus.INVALIDATED, then=_f(scoring.ANCHOR_MULTIPLIER["invalidated"])),
+        When(status=AnchorStatus.STALE, then=_f(scoring.ANCHOR_MULTIPLIER["stale"])),
+        default=_f(1.0),
+        output_field=FloatField(),
+    )
+    sub = (
+        CodeAnchor.objects.filter(entry=OuterRef("pk"))
+        .order_by()
+        .values("entry")
+        .annotate(m=Min(per_anchor))
+        .values("m")[:1]
+    )
+    return Coalesce(Subquery(sub, output_field=FloatField()), _f(1.0))
+
+
+def importance_expr(now_epoch: float, live_since: datetime | None = None) -> Greatest:
+    significance = Greatest(
+        Coalesce(F("impact_score"), _f(0.0)),
+        Case(
+            When(
+                Q(significance_type__isnull=False) & ~Q(significance_type=""),
+                then=_f(scoring.SIGNIFICANCE_FLOOR),
+            ),
+            default=_f(0.0),
+            output_field=FloatField(),
+        ),
+    ) * _f(scoring.W_SIGNIFICANCE)
+    relationships = Least(
+        _float(relationship_count_expr(live_since=live_since)) / _f(scoring.RELATIONSHIPS_CAP), _f(1.0)
+    ) * _f(scoring.W_RELATIONSHIPS)
+    causal = Least(
+        _float(relationship_count_expr(causal_only=True, live_since=live_since)) / _f(scoring.CAUSAL_CAP),
+        _f(1.0),
+    ) * _f(scoring.W_CAUSAL)
+    recency = Greatest(_f(0.0), _f(1.0) - _age_days("created_at", now_epoch) / _f(scoring.RECENCY_DAYS)) * _f(
+        scoring.W_RECENCY
+    )
+    trust = (
+        _f(scoring.TRUST_BASE)
+        + Coalesce(F("trust_score"), _f(scoring.TRUST_DEFAULT))
+        + Case(
+            When(validation_status="passed", then=_f(scoring.VALIDATION_BONUS["passed"])),
+            When(validation_status="failed", then=_f(scoring.VALIDATION_BONUS["failed"])),
+            default=_f(0.0),
+            output_field=FloatField(),
+        )
+    )
+    total = (significance + relationships + causal + recency) * anchor_multiplier_expr() * trust
+    return Greatest(_f(0.0), Least(_f(1.0), total))
+
+
+def readers_expr() -> Coalesce:
+    return _count(EntryAccess.objects.filter(lineage_id=OuterRef("lineage_id")), "lineage_id")
+
+
+def retention_expr(now_epoch: float, params: DecayParams) -> Any:
+    salience = Coalesce(F("salience"), _f(params.salience_default))
+    time_term = salience * _exp(_f(-params.lam) * _age_days("created_at", now_epoch))
+    breadth = _f(1.0) + _f(params.breadth_weight) * Ln(Greatest(_float(readers_expr()), _f(1.0)))
+    access_term = (
+        _f(params.sigma)
+        * Ln(_f(1.0) + _float(F("access_count")))
+        * _exp(_f(-params.mu) * _age_days("last_accessed_at", now_epoch))
+        * breadth
+    )
+    return time_term + Case(
+        When(Q(access_count__gt=0) & Q(last_accessed_at__isnull=False), then=access_term),
+        default=_f(0.0),
+        output_field=FloatField(),
+    )
+
+
+PLAN_TABLE = "maintenance_planscore"  # maintenance.models.PlanScore, a temporary table
+# While a plan runs: {"table": True} once its score pass has filled the temporary table.
+_planning: ContextVar[dict[str, bool] | None] = ContextVar("planning_scores", default=None)
+
+
+@contextmanager
+def planning() -> Iterator[None]:
+    """While a run's plan executes: every refresh of stored scores also forgets the plan's
+    scores of the entries it refreshed, so the plan reads the stored value for them, exactly
+    as the apply reads the value that refresh wrote over its own score pass's."""
+    token = _planning.set({})
+    try:
+        yield
+    finally:
+        _planning.reset(token)
+
+
+def _temp_name() -> str:
+    return rawsql.temp_table(PLAN_TABLE)
+
+
+def plan_scores(
+    workspace: Workspace, *, now: datetime, params: DecayParams, live_since: datetime | None = None
+) -> int:
+    """The plan's score pass: importance and retention of every latest entry of the workspace,
+    computed by the same expressions as ``refresh_scores``, written by one statement into the
+    temporary narrow table ``maintenance_planscore`` — the stored columns are not touched (the
+    plan's writes are rolled back anyway; rewriting every wide row only to undo it was most of
+    a plan's cost). Returns how many entries were scored (what ``refresh_scores`` would)."""
+    now_epoch = now.timestamp()
+    qs = (
+        Entry.objects.filter(workspace=workspace, is_latest=True)
+        .annotate(
+            plan_importance=importance_expr(now_epoch, live_since),
+            plan_retention=retention_expr(now_epoch, params),
+        )
+        .order_by()
+        .values_list("pk", "plan_importance", "plan_retention")
+    )
+    sql, sql_params = qs.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {_temp_name()}")
+        cursor.execute(
+            f"CREATE TEMP TABLE {PLAN_TABLE} (entry_id bigint PRIMARY KEY, "
+            "importance double precision NOT NULL, retention double precision NOT NULL)"
+        )
+        cursor.execute(f"INSERT INTO {PLAN_TABLE} (entry_id, importance, retention) {sql}", sql_params)
+        scored = cursor.rowcount
+    state = _planning.get()
+    if state is not None:
+        state["table"] = True
+    return scored
+
+
+def drop_plan_scores() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {_temp_name()}")
+    state = _planning.get()
+    if state is not None:
+        state.pop("table", None)
+
+
+def _forget_planned(ids: Iterable[int] | None) -> None:
+    """During a plan: the entries among ``ids`` (all if None) were just rescored in place."""
+    state = _planning.get()
+    if not state or not state.get("table"):
+        return
+    with connection.cursor() as cursor:
+        if ids is None:
+            cursor.execute(f"DELETE FROM {_temp_name()}")
+            return
+        id_list = list(ids)
+        for start in range(0, len(id_list), BATCH_SIZE):
+            chunk = id_list[start : start + BATCH_SIZE]
+            marks = ", ".join(["%s"] * len(chunk))
+            cursor.execute(f"DELETE FROM {_temp_name()} WHERE entry_id IN ({marks})", chunk)
+
+
+def refresh_scores(
+    workspace: Workspace | int,
+    *,
+    now: datetime,
+    params: DecayParams | None = None,
+    ids: Iterable[int] | None = None,
+    batch_size: int = BATCH_SIZE,
+    on_batch: Callable[[], None] | None = None,
+    live_since: datetime | None = None,
+) -> int:
+    """Recompute stored importance and retention of the latest entries of one workspace
+    (all of them, or those among ``ids``), one UPDATE per batch of ids, one transaction per
+    batch. Returns how many rows were scored."""
+    if params is None:
+        ws = workspace if isinstance(workspace, Workspace) else Workspace.objects.get(pk=workspace)
+        params = MaintenancePolicy.for_workspace(ws).decay_params
+    now_epoch = now.timestamp()
+    base = Entry.objects.filter(workspace=workspace, is_latest=True)
+    if ids is not None:
+        id_list = sorted(set(ids))
+        if not id_list:
+            return 0
+        batches: Iterable[list[int]] = (
+            id_list[i : i + batch_size] for i in range(0, len(id_list), batch_size)
+        )
+    else:
+        batches = _pk_batches(base, batch_size)
+    write = _BatchWrites(base, now_epoch=now_epoch, params=params, now=now, live_since=live_since)
+    scored = 0
+    for batch in batches:
+        with transaction.atomic():
+            scored += write(batch)
+            _forget_planned(batch)
+        if on_batch is not None:
+            on_batch()
+    return scored
+
+
+_Compiled = tuple[str, list[Any], Callable[[list[Any], list[int]], list[Any]]]
+
+
+@dataclass
+class _BatchWrites:
+    """A refresh's two statements per batch of ids: the importance where it changed (an
+    unchanged entry row is not written: most entries past the age term's reach keep theirs from
+    sweep to sweep) and the retention with its ``scored_at`` into the narrow ``EntryScore`` rows
+    (made where missing). Compiled through the ORM once per number of ids — once in all on
+    PostgreSQL, where the ids are one array — and run with each batch's ids. At 1,000,000 entries
+    a refresh in batches of 1,000 took 46.8–47.5 s compiling both for every batch, 34–41 s
+    compiling them once (bench/reports/maintenance.md)."""
+
+    base: QuerySet[Entry]
+    now_epoch: float
+    params: DecayParams
+    now: datetime
+    live_since: datetime | None
+    # Per id count (0 on PostgreSQL): each statement's SQL, parameters and where the ids go.
+    compiled: dict[int, list[_Compiled]] = field(default_factory=dict)
+
+    def __call__(self, batch: list[int]) -> int:
+        key = 0 if connection.vendor == "postgresql" else len(batch)
+        if key not in self.compiled:
+            self.compiled[key] = self._compile(len(batch))
+        rowcount = 0
+        with connection.cursor() as cursor:
+            for sql, params, bind in self.compiled[key]:
+                cursor.execute(sql, bind(params, batch))
+                rowcount = cursor.rowcount
+        return rowcount  # the upsert's: every latest entry of the batch
+
+    def _compile(self, n: int) -> list[_Compiled]:
+        # Ids no entry has, to find where the batch's ids go among the parameters.
+        marks = [-(10**15) - i for i in range(n)]
+        rows = self.base.filter(pk__any_of=marks).annotate(s_id=F("pk"))
+        importance = rows.annotate(value=importance_expr(self.now_epoch, self.live_since))
+        retention = rows.annotate(value=retention_expr(self.now_epoch, self.params))
+        e, pk, column = rawsql.table(Entry), rawsql.quote("id"), rawsql.column(Entry, "importance")
+        out = []
+        for qs, wrap, before in (
+            (
+                importance,
+                lambda sql: (
+                    f"UPDATE {e} SET {column} = s.value FROM ({sql}) s"
+                    f" WHERE {e}.{pk} = s.s_id AND {e}.{column} <> s.value"
+                ),
+                [],
+            ),
+            # "WHERE true": SQLite would read "ON CONFLICT" as a join's ON without it.
+            (
+                retention,
+                lambda sql: _upsert_scores(f"SELECT s.s_id, s.value, %s FROM ({sql}) s WHERE true"),
+                [connection.ops.adapt_datetimefield_value(self.now)],
+            ),
+        ):
+            sql, params = qs.order_by().values_list("s_id", "value").query.sql_with_params()
+            out.append((wrap(sql), [*before, *params], _binder([*before, *params], marks)))
+        return out
+
+
+def _binder(params: list[Any], marks: list[int]) -> Callable[[list[Any], list[int]], list[Any]]:
+    """Where ``marks`` stand in ``params`` — one array parameter (PostgreSQL) or one parameter
+    each, in a row (SQLite) — and a function putting a batch's ids there instead."""
+    for i, value in enumerate(params):
+        if value == marks:
+            return lambda compiled, ids: [*compiled[:i], list(ids), *compiled[i + 1 :]]
+    n = len(marks)
+    for i in range(len(params) - n + 1):
+        if params[i : i + n] == marks:
+            return lambda compiled, ids: [*compiled[:i], *ids, *compiled[i + n :]]
+    raise AssertionError("the batch's ids are not among the statement's parameters")
+
+
+SCORE_FIELDS = ("entry", "retention", "scored_at")
+
+
+def _upsert_scores(rows: str) -> str:
+    """INSERT ``rows`` (entry id, retention, scored_at) into ``EntryScore``, overwriting the
+    scores of an entry that has its row already."""
+    entry_id, retention, scored_at = (rawsql.column(EntryScore, n) for n in SCORE_FIELDS)
+    return (
+        f"INSERT INTO {rawsql.table(EntryScore)} ({entry_id}, {retention}, {scored_at}) {rows}"
+        f" ON CONFLICT ({entry_id}) DO UPDATE"
+        f" SET {retention} = excluded.{retention}, {scored_at} = excluded.{scored_at}"
+    )
+
+
+def _pk_batches(qs: QuerySet[Entry], size: int) -> Iterable[list[int]]:
+    """Keyset pagination over primary keys: each batch is one indexed range read."""
+    last = 0
+    while True:
+        batch = list(qs.filter(pk__gt=last).order_by("pk").values_list("pk", flat=True)[:size])
+        if not batch:
+            return
+        yield batch
+        last = batch[-1]
+
+
+# A write touches few entries (itself and its link neighbours). Compiling the UPDATE above
+# costs ~6 ms of Python whatever the number of rows, so up to this many ids the scores are
+# computed in Python from the same inputs (four small reads) and written in one UPDATE.
+FEW_IDS = 25
+
+
+def rescore(workspace: Workspace, ids: Iterable[int], *, now: datetime, params: DecayParams) -> int:
+    """``refresh_scores`` for the latest entries among ``ids`` (what a write changed). Returns
+    how many rows were scored. The parity test proves both routes store the same values."""
+    id_list = sorted(set(ids))
+    if not id_list:
+        return 0
+    if len(id_list) > FEW_IDS:
+        return refresh_scores(workspace, now=now, params=params, ids=id_list)
+    # Inside a caller's transaction (every write's) no savepoint: two round trips less, and
+    # an error rolls the caller back anyway.
+    with transaction.atomic(savepoint=False):
+        n = _rescore_in_python(workspace, id_list, now=now, params=params)
+        _forget_planned(id_list)
+        return n
+
+
+_RESCORE_INPUTS = (
+    "id",
+    "lineage_id",
+    "impact_score",
+    "significance_type",
+    "trust_score",
+    "validation_status",
+    "created_at",
+    "access_count",
+    "last_accessed_at",
+    "salience",
+)
+
+
+@functools.cache
+def _rescore_sql(vendor: str, count: int) -> tuple[str, str, str]:
+    """The read (inputs of ``count`` latest entries, their counted links, anchor statuses and
+    readers; rows locked in id order where the database can) and the two writes of
+    ``_rescore_in_python``, written once: compiling them through the ORM on every write cost
+    ~12 ms of CPU per rescored write on the benchmark machine (bench/reports/api.md)."""
+    e, rel, anchor, access = (rawsql.table(m) for m in (Entry, Relationship, CodeAnchor, EntryAccess))
+
+    def c(model: Any, name: str, alias: str) -> str:
+        return f"{alias}.{rawsql.column(model, name)}"
+
+    pk = rawsql.quote("id")
+    counted = ", ".join(f"'{status}'" for status in LISTED_STATUSES)
+    causal = ", ".join(f"'{t}'" for t in CAUSAL_TYPES)
+
+    def links(only_causal: bool) -> str:
+        ends = []
+        for own, other in (("from_entry", "to_entry"), ("to_entry", "from_entry")):
+            ends.append(
+                f"(SELECT COUNT(*) FROM {rel} r JOIN {e} o ON o.{pk} = {c(Relationship, other, 'r')}"
+                f" WHERE {c(Relationship, own, 'r')} = e.{pk}"
+                f" AND {c(Relationship, 'pruned_at', 'r')} IS NULL"
+                f" AND {c(Entry, 'is_latest', 'o')} AND {c(Entry, 'status', 'o')} IN ({counted})"
+                + (f" AND {c(Relationship, 'type', 'r')} IN ({causal})" if only_causal else "")
+                + ")"
+            )
+        return " + ".join(ends)
+
+    anchors = [
+        f"(SELECT COUNT(*) FROM {anchor} a WHERE {c(CodeAnchor, 'entry', 'a')} = e.{pk}"
+        f" AND {c(CodeAnchor, 'status', 'a')} = '{status}')"
+        for status in AnchorStatus.values
+    ]
+    readers = (
+        f"(SELECT COUNT(*) FROM {access} x"
+        f" WHERE {c(EntryAccess, 'lineage_id', 'x')} = {c(Entry, 'lineage_id', 'e')})"
+    )
+    columns = ", ".join(c(Entry, name, "e") for name in _RESCORE_INPUTS)
+    marks = ", ".join(["%s"] * count)
+    read = (
+        f"SELECT {columns}, {links(False)}, {links(True)}, {', '.join(anchors)}, {readers} FROM {e} e"
+        f" WHERE {c(Entry, 'workspace', 'e')} = %s AND {c(Entry, 'is_latest', 'e')}"
+        f" AND e.{pk} IN ({marks}) ORDER BY e.{pk}" + (" FOR UPDATE OF e" if vendor == "postgresql" else "")
+    )
+    importance = rawsql.column(Entry, "importance")
+    # The importance where it changed (as _BatchWrites), the narrow row always.
+    write_importance = f"UPDATE {e} SET {importance} = %s WHERE {pk} = %s AND {importance} <> %s"
+    return read, write_importance, _upsert_scores("VALUES (%s, %s, %s)")
+
+
+def _rescore_in_python(
+    workspace: Workspace, id_list: list[int], *, now: datetime, params: DecayParams
+) -> int:
+    # The rows are locked (in id order) before their inputs are read: a concurrent write that
+    # rescores one of them waits, then reads what this transaction committed, as it would
+    # behind the SQL refresh's UPDATE. (SQLite serialises writes anyway.)
+    read, write_importance, write_score = _rescore_sql(connection.vendor, len(id_list))
+    with connection.cursor() as cursor:
+        cursor.execute(read, [workspace.pk, *id_list])
+        rows = cursor.fetchall()
+    if not rows:
+        return 0
+    now_epoch = now.timestamp()
+    stored = connection.ops.adapt_datetimefield_value(now)
+    updates: list[tuple[float, int, float]] = []
+    scores: list[tuple[int, float, Any]] = []
+    n = len(_RESCORE_INPUTS)
+    for row in rows:
+        e = dict(zip(_RESCORE_INPUTS, rawsql.from_db_row(Entry, _RESCORE_INPUTS, row[:n]), strict=True))
+        relationship_count, causal_count, *anchor_counts, readers = row[n:]
+        age = max(0.0, scoring.days_between(now_epoch, e["created_at"].timestamp()))
+        since = (
+            None
+            if e["last_accessed_at"] is None
+            else scoring.days_between(now_epoch, e["last_accessed_at"].timestamp())
+        )
+        importance = scoring.importance(
+            impact_score=e["impact_score"],
+            significance_type=e["significance_type"],
+            relationship_count=relationship_count,
+            causal_count=causal_count,
+            age_days=age,
+            trust_score=e["trust_score"],
+            validation_status=e["validation_status"],
+            anchor_status=scoring.worst_anchor(
+                status for status, found in zip(AnchorStatus.values, anchor_counts, strict=True) if found
+            ),
+        )
+        retention = scoring.retention(
+            age_days=age,
+            access_count=e["access_count"],
+            days_since_access=since,
+            salience=e["salience"],
+            readers=readers,
+            params=params,
+        )
+        updates.append((importance, e["id"], importance))
+        scores.append((e["id"], retention, stored))
+    with connection.cursor() as cursor:
+        for write, values in ((write_importance, updates), (write_score, scores)):
+            if len(values) == 1:  # psycopg's executemany sets up a pipeline: dearer for one row
+                cursor.execute(write, values[0])
+            else:
+                cursor.executemany(write, values)
+    return len(updates)
