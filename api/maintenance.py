@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
 from django.http import HttpRequest
 from django.urls import reverse
 from ninja import Query, Router
@@ -78,7 +77,6 @@ from maintenance.selectors import (
 )
 from memory.auth import ROLE_LEVEL, require
 from memory.errors import Conflict, InvalidInput
-from memory.policy import clean_residue_patterns
 from memory.policy_model import MaintenancePolicy
 from memory.selectors import page
 
@@ -268,15 +266,8 @@ def policy_put(request: HttpRequest, payload: PolicyIn) -> dict[str, Any]:
     """Change policy settings (omitted ones stay); values are clamped into their ranges."""
     who = require(request, "admin")
     changes = {k: v for k, v in payload.model_dump(exclude_unset=True).items() if v is not None}
-    if "residue_patterns" in changes:
-        try:
-            changes["residue_patterns"] = clean_residue_patterns(changes["residue_patterns"])
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
-    with transaction.atomic():
-        row, _ = MaintenancePolicy.objects.select_for_update().get_or_create(workspace=who.workspace)
-        for name, value in changes.items():
-            setattr(row, name, value)
-        # Only the changed columns: two admins changing different settings at once both win.
-        row.save(update_fields=[*changes, "updated_at"])
+    try:
+        MaintenancePolicy.write(who.workspace, changes)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
     return policy_values(who.workspace)

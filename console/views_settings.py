@@ -21,7 +21,6 @@ from typing import Any
 
 from django import forms
 from django.contrib import messages
-from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
@@ -34,9 +33,8 @@ from memory import services
 from memory.errors import NotFound, ServiceError
 from memory.models import ID_MAX, ApiKey, KeyRole, Role
 from memory.policy import APPLY, LIMITS, PROPOSE, clean_tags
-from memory.policy_model import MaintenancePolicy
+from memory.policy_model import POLICY_FIELDS, MaintenancePolicy
 
-POLICY_FIELDS = ["review_mode", *LIMITS, "exclude_tags", "residue_patterns"]
 REVIEW_MODE_CHOICES = [
     (PROPOSE, "Propose: archives and tombstones wait for an operator's approval"),
     (APPLY, "Apply: maintenance archives and tombstones at once (each change revertible)"),
@@ -187,14 +185,12 @@ def settings_page(request: HttpRequest, console: Console) -> HttpResponse:
 def settings_policy(request: HttpRequest, console: Console) -> HttpResponse:
     """Change the policy: only the settings that changed are written, clamped into range."""
     changed: list[str] = []
-    with transaction.atomic():
-        row, _ = MaintenancePolicy.objects.select_for_update().get_or_create(workspace=console.workspace)
-        form = PolicyForm(request.POST, instance=row)
-        if form.is_valid():
-            changed = [name for name in POLICY_FIELDS if name in form.changed_data]
-            if changed:
-                form.save(commit=False).save(update_fields=[*changed, "updated_at"])
-    if not form.is_valid():
+    form = PolicyForm(request.POST, instance=_policy_row(console))
+    if form.is_valid():
+        changed = [name for name in POLICY_FIELDS if name in form.changed_data]
+        # The form has validated and set them on its instance (the model's clean checks patterns).
+        MaintenancePolicy.write(console.workspace, {name: getattr(form.instance, name) for name in changed})
+    else:
         messages.error(request, "The policy was not saved: correct the errors below.")
         return _render(request, console, policy_form=form, status=422)
     if changed:

@@ -3,11 +3,12 @@ save and again when read (``memory.policy`` holds the limits and the rules)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import fields as dc_fields
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 from memory.models import Workspace
@@ -108,3 +109,28 @@ class MaintenancePolicy(models.Model):
         """The effective policy, read fresh (defaults when the workspace has no row yet)."""
         row = cls.objects.filter(workspace=workspace).first()
         return row.values() if row else PolicyValues()
+
+    @classmethod
+    def write(cls, workspace: Workspace, changes: Mapping[str, Any]) -> MaintenancePolicy:
+        """The one write of a workspace's policy (the API, the settings page): only the named
+        settings, clamped, under a row lock, so two admins changing different settings at once
+        both win. Residue patterns are validated first (ValueError names the problem); the row
+        is created with the defaults when the workspace has none."""
+        unknown = set(changes) - set(POLICY_FIELDS)
+        if unknown:
+            raise ValueError(f"not policy settings: {', '.join(sorted(unknown))}")
+        changes = dict(changes)
+        if "residue_patterns" in changes:
+            changes["residue_patterns"] = clean_residue_patterns(changes["residue_patterns"])
+        with transaction.atomic():
+            row, _ = cls.objects.select_for_update().get_or_create(workspace=workspace)
+            if changes:
+                for name, value in changes.items():
+                    setattr(row, name, value)
+                row.save(update_fields=[*changes, "updated_at"])
+        return row
+
+
+# The settings, in the order the settings page shows them: what ``MaintenancePolicy.write`` may
+# change (not the workspace, not the stamp).
+POLICY_FIELDS = ("review_mode", *LIMITS, "exclude_tags", "residue_patterns")

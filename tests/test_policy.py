@@ -1,9 +1,13 @@
 """Maintenance policy: defaults, ranges, clamping, and the per-workspace row."""
 
 import math
+import re
 from dataclasses import fields
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.urls import reverse
 
 from memory import services
 from memory.models import Workspace
@@ -341,3 +345,78 @@ def test_the_row_values_are_the_clamped_policy_values(workspace):
 def test_workspace_create_makes_exactly_one_policy_row(db):
     ws = services.workspace_create(slug="solo")
     assert MaintenancePolicy.objects.filter(workspace=ws).count() == 1
+
+
+# --- the one write ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_write_changes_only_the_named_settings_clamped(workspace):
+    MaintenancePolicy.objects.filter(workspace=workspace).update(stale_after_days=30)
+    row = MaintenancePolicy.write(workspace, {"cold_threshold": 7, "exclude_tags": " a , a,b"})
+    stored = MaintenancePolicy.objects.values().get(workspace=workspace)
+    assert (stored["cold_threshold"], stored["exclude_tags"], stored["stale_after_days"]) == (
+        1.0,
+        ["a", "b"],
+        30,
+    )
+    assert row.pk == stored["id"]
+
+
+@pytest.mark.django_db
+def test_the_write_creates_the_row_of_a_workspace_without_one(workspace):
+    MaintenancePolicy.objects.filter(workspace=workspace).delete()
+    MaintenancePolicy.write(workspace, {"backups_keep": 9})
+    row = MaintenancePolicy.objects.get(workspace=workspace)
+    assert (row.backups_keep, row.stale_after_days) == (9, POLICY_TABLE["stale_after_days"][0])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"workspace_id": 2}, "workspace_id"),
+        ({"updated_at": None}, "updated_at"),
+        ({"residue_patterns": ["(["]}, "(["),
+    ],
+)
+def test_the_write_refuses_what_is_not_a_setting_or_a_bad_pattern_and_changes_nothing(
+    workspace, changes, named
+):
+    before = MaintenancePolicy.objects.values().get(workspace=workspace)
+    with pytest.raises(ValueError, match=re.escape(named)):
+        MaintenancePolicy.write(workspace, {"backups_keep": 9, **changes})
+    assert MaintenancePolicy.objects.values().get(workspace=workspace) == before
+
+
+@pytest.mark.django_db
+def test_the_api_and_the_settings_page_both_write_through_it(workspace, monkeypatch):
+    seen = []
+    write = MaintenancePolicy.write.__func__
+
+    def recorded(cls, ws, changes):
+        seen.append(dict(changes))
+        return write(cls, ws, changes)
+
+    monkeypatch.setattr(MaintenancePolicy, "write", classmethod(recorded))
+    raw = services.api_key_create(workspace=workspace, name="admin", role="admin")[1]
+    response = Client().put(
+        "/api/v1/policy",
+        {"backups_keep": 8},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {raw}",
+    )
+    assert response.status_code == 200, response.content
+    user = get_user_model().objects.create_user("boss", password="x")
+    services.membership_set(workspace=workspace, user=user, role="admin")
+    client = Client()
+    client.force_login(user)
+    row = MaintenancePolicy.objects.get(workspace=workspace)
+    shown = {name: getattr(row, name) for name in LIMITS}
+    shown.update(review_mode=row.review_mode, exclude_tags="", residue_patterns="")
+    # As the page submits it: the values it showed (hidden), and the field the admin changed.
+    form = {**shown, **{f"initial-{name}": value for name, value in shown.items()}, "backups_keep": 7}
+    response = client.post(reverse("console:settings_policy", kwargs={"slug": workspace.slug}), form)
+    assert response.status_code == 303, response.content
+    assert seen == [{"backups_keep": 8}, {"backups_keep": 7}]
+    assert MaintenancePolicy.objects.get(workspace=workspace).backups_keep == 7
