@@ -23,10 +23,11 @@ from django.utils.safestring import SafeString, mark_safe
 # Geometry in SVG user units; the chart scales with its container through the viewBox.
 WIDTH = 560
 HEIGHT = 220
-MARGIN_LEFT = 44  # room for the y tick labels
+MARGIN_LEFT = 50  # room for the y axis label and the y tick labels (four characters: "250k")
 MARGIN_RIGHT = 12
 MARGIN_TOP = 12
 MARGIN_BOTTOM = 44  # room for the x tick labels and the axis label
+X_LABEL_DROP = 18  # x labels' baseline below the axis: clear of the y axis's "0" beside them
 MAX_X_LABELS = 6  # a time axis labels at most this many points, evenly spread
 MAX_BAR_WIDTH = 72.0  # wider slots centre a bar this wide
 MAX_BAR_LABELS = 10  # a bar chart labels every k-th bar past this many bars
@@ -43,6 +44,15 @@ def _num(value: float) -> str:
     """A coordinate or count as short text: no exponent, at most two decimals."""
     text = f"{value:.2f}".rstrip("0").rstrip(".")
     return "0" if text in ("-0", "") else text
+
+
+def _tick(value: float) -> str:
+    """A y tick's label, at most four characters for the counts a chart shows: thousands as
+    "k", millions as "M" (a wider label would run into the axis label beside it)."""
+    for size, suffix in ((1_000_000, "M"), (1_000, "k")):
+        if abs(value) >= size:
+            return f"{value / size:.3g}{suffix}"
+    return _num(value)
 
 
 def _plot_box(width: int, height: int) -> tuple[float, float, float, float]:
@@ -104,7 +114,7 @@ def _axes(
             f'<line class="grid" x1="{_num(x0)}" y1="{_num(y)}" x2="{_num(x0 + pw)}" y2="{_num(y)}"/>'
         )
         parts.append(
-            f'<text class="tick" x="{_num(x0 - 4)}" y="{_num(y + 4)}" text-anchor="end">{_num(value)}</text>'
+            f'<text class="tick" x="{_num(x0 - 4)}" y="{_num(y + 4)}" text-anchor="end">{_tick(value)}</text>'
         )
     parts.append(
         f'<text class="axis-label" x="{_num(x0 + pw / 2)}" y="{_num(height - 4)}" '
@@ -191,7 +201,7 @@ def bar_chart(
         )
         if i % every == 0:
             parts.append(
-                f'<text class="tick" x="{_num(x0 + (i + 0.5) * slot)}" y="{_num(base + 14)}" '
+                f'<text class="tick" x="{_num(x0 + (i + 0.5) * slot)}" y="{_num(base + X_LABEL_DROP)}" '
                 f'text-anchor="middle">{text}</text>'
             )
     parts.append("</svg>")
@@ -243,7 +253,8 @@ def time_series(
             # The end labels hang inwards so that they are never cut off at the edges.
             anchor = "start" if i == 0 and last else "end" if i == last and last else "middle"
             parts.append(
-                f'<text class="tick" x="{_num(x)}" y="{_num(base + 14)}" text-anchor="{anchor}">{text}</text>'
+                f'<text class="tick" x="{_num(x)}" y="{_num(base + X_LABEL_DROP)}" '
+                f'text-anchor="{anchor}">{text}</text>'
             )
     parts.append("</svg>")
     return mark_safe("".join(parts))  # safe: labels escaped, numbers formatted here

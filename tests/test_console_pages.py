@@ -646,6 +646,17 @@ def test_a_time_series_draws_every_point_and_labels_a_few():
     assert labels[0] == "2026-01" and labels[-1] == "2026-12" and len(labels) <= charts.MAX_X_LABELS
 
 
+def test_y_tick_labels_stay_short_beside_the_axis_label():
+    """Counts in the hundreds of thousands labelled in full ("300000") ran into the rotated
+    axis label; thousands and millions are shortened to at most four characters."""
+    svg = charts.time_series(
+        [("2026-01", 180_000), ("2026-02", 1_250_000)], chart_id="g", title="t", x_label="x", y_label="y"
+    )
+    ticks = re.findall(r'<text class="tick"[^>]*text-anchor="end">([^<]*)</text>', svg)
+    assert ticks[:4] == ["0", "500k", "1M", "1.5M"]  # then the x labels (the last anchored at its end)
+    assert charts.MARGIN_LEFT - 4 - 4 * 6.6 > 12 + 11 / 2  # four digits at 11 px clear the axis label
+
+
 def test_an_empty_chart_says_so():
     svg = charts.time_series([], chart_id="e", title="t", x_label="x", y_label="y")
 

@@ -107,6 +107,24 @@ CHART_LABELS = """() => Array.from(document.querySelectorAll("main svg.chart tex
     return parseFloat(getComputedStyle(text).fontSize) * Math.hypot(m.a, m.b);
   })"""
 
+# Pairs of chart texts drawn over each other (a tick label into the axis label beside it).
+CHART_OVERLAPS = """() => {
+  const overlaps = [];
+  for (const svg of document.querySelectorAll("main svg.chart")) {
+    const texts = Array.from(svg.querySelectorAll("text")).filter((t) => t.getClientRects().length);
+    const boxes = texts.map((t) => t.getBoundingClientRect());
+    for (let i = 0; i < texts.length; i++) {
+      for (let j = i + 1; j < texts.length; j++) {
+        const a = boxes[i], b = boxes[j];
+        const w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+        const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+        if (w > 0.5 && h > 0.5) overlaps.push(`${svg.id}: ${texts[i].textContent} / ${texts[j].textContent}`);
+      }
+    }
+  }
+  return overlaps;
+}"""
+
 
 @dataclass
 class Measured:
@@ -116,6 +134,7 @@ class Measured:
     wider_tables: list[str]
     split_words: list[str]
     chart_labels: list[float]
+    chart_overlaps: list[str]
 
 
 _measured: dict[int, dict[str, Measured]] = {}  # width → page → what it showed (this worker's server)
@@ -139,6 +158,7 @@ def measured(logged_in, server):
                         page.evaluate(TABLES_WIDER_THAN_THEIR_BOX),
                         page.evaluate(SPLIT_WORDS),
                         page.evaluate(CHART_LABELS),
+                        page.evaluate(CHART_OVERLAPS),
                     )
                     shot(page, f"layout-{name}-{width}")
                 _measured[width] = pages
@@ -175,6 +195,12 @@ def test_chart_labels_are_readable(measured, width):
     labels = [size for m in measured(width).values() for size in m.chart_labels]
     assert labels, "no chart label shown"
     assert min(labels) >= SMALLEST_LABEL_PX, f"at {width} px, chart labels {min(labels):.1f} px tall"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_no_chart_label_is_drawn_over_another(measured, width):
+    overlaps = [pair for m in measured(width).values() for pair in m.chart_overlaps]
+    assert not overlaps, f"at {width} px, chart labels over each other: {overlaps}"
 
 
 @pytest.mark.parametrize("width", WIDTHS)
