@@ -75,6 +75,7 @@ from maintenance.selectors import (
     tombstone_list,
     workspace_stats,
 )
+from maintenance.tasks import submit_run
 from memory.auth import ROLE_LEVEL, require
 from memory.errors import Conflict, InvalidInput
 from memory.policy_model import MaintenancePolicy
@@ -114,8 +115,6 @@ def start_run(request: HttpRequest, payload: RunIn, kind: str, **params: Any) ->
     """Start a run for the caller: inline (its result) or queued (``Queued``), see the module
     docstring. Agents may preview (and their runs default to dry runs); applying needs an
     operator. The MCP endpoint's dry-run preview (``api.mcp``) starts its runs here too."""
-    from maintenance.tasks import submit_run
-
     who = require(request, "agent")
     dry_run = payload.dry_run
     if dry_run is None:

@@ -13,6 +13,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from memory import events
 from memory.events import workspace_group
+from memory.models import Membership, Role, Workspace
 
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
@@ -34,8 +35,6 @@ class WorkspaceMembershipMiddleware:
 
 @database_sync_to_async
 def _membership(user: Any, slug: str) -> tuple[int, str] | None:
-    from memory.models import Membership, Role, Workspace
-
     if user is None or not user.is_authenticated:
         return None
     if user.is_superuser:

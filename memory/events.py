@@ -32,6 +32,8 @@ from channels.layers import BaseChannelLayer, InMemoryChannelLayer, get_channel_
 from django.db import transaction
 from django.utils import timezone
 
+from memory.models import LiveMessage
+
 log = logging.getLogger(__name__)
 
 SEND_TIMEOUT = 2.0  # seconds; a layer that does not answer by then loses the message, not the run
@@ -93,8 +95,6 @@ def deliver_aside(workspace_id: int, html: str, cursor: Any) -> None:
     if layer is None:
         return
     if uses_outbox(layer):
-        from memory.models import LiveMessage
-
         try:
             cursor.execute(
                 f"INSERT INTO {LiveMessage._meta.db_table} (workspace_id, html, origin, created_at)"
@@ -123,8 +123,6 @@ _last_clean = 0.0
 
 def _write_outbox(workspace_id: int, html: str) -> None:
     global _last_clean
-    from memory.models import LiveMessage
-
     try:
         LiveMessage.objects.create(workspace_id=workspace_id, html=html, origin=origin())
         if time.monotonic() - _last_clean > CLEAN_EVERY:
@@ -136,8 +134,6 @@ def _write_outbox(workspace_id: int, html: str) -> None:
 
 def clean_outbox(now: Any = None) -> int:
     """Delete outbox rows older than ``RETENTION``; how many went."""
-    from memory.models import LiveMessage
-
     cutoff = (now or timezone.now()) - RETENTION
     deleted, _ = LiveMessage.objects.filter(created_at__lt=cutoff).delete()
     return deleted
@@ -222,8 +218,6 @@ class Relay:
 
 def _current() -> tuple[int, list[int]]:
     """The newest id of the outbox and the ids the lookback of the next poll would return."""
-    from memory.models import LiveMessage
-
     newest = LiveMessage.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
     recent = LiveMessage.objects.filter(created_at__gte=timezone.now() - RELAY_LOOKBACK, pk__lte=newest)
     return newest, list(recent.values_list("pk", flat=True))
@@ -231,8 +225,6 @@ def _current() -> tuple[int, list[int]]:
 
 def _fetch(cursor: int, own: str) -> list[tuple[int, int, str | None]]:
     from django.db.models import Q
-
-    from memory.models import LiveMessage
 
     since = timezone.now() - RELAY_LOOKBACK
     rows = (
