@@ -72,7 +72,7 @@ def run(path: Path, database: str, repeat: int, report: Path) -> int:
     from django.core.management import call_command
     from django.db import connection
 
-    from memory import services
+    from memory import accounts
     from memory.journal import export_journal, import_journal
 
     call_command("migrate", verbosity=0)
@@ -81,7 +81,7 @@ def run(path: Path, database: str, repeat: int, report: Path) -> int:
     runs = []
     workspace = None
     for i in range(1, repeat + 1):
-        workspace = services.workspace_create(slug=f"bench-{stamp}-{i}")
+        workspace = accounts.workspace_create(slug=f"bench-{stamp}-{i}")
         start = time.perf_counter()
         counts = import_journal(workspace=workspace, path=path)
         seconds = time.perf_counter() - start

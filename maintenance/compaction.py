@@ -54,7 +54,7 @@ from memory.models import (
     Status,
 )
 from memory.scoring_db import refresh_scores
-from memory.services import content_hash
+from memory.write_input import content_hash
 
 FRAGMENT_TYPES = (EntryType.TEST_ENTRY, EntryType.DEVELOPMENT_NOTE)
 LINE_MAX = 240  # characters of a fragment's first line kept in the digest

@@ -111,8 +111,8 @@ from memory.models import (
 )
 from memory.policy import SOURCE_PATH, PolicyValues
 from memory.policy_model import MaintenancePolicy
+from memory.relationships import neighbour_ids
 from memory.scoring_db import refresh_scores
-from memory.services import neighbour_ids
 
 MIN_CONTENT_WORDS = 9
 # Points of each reason: the detectors below and the SQL score of ``_scored`` read them here.

@@ -44,8 +44,8 @@ from memory.models import (
     stored_retention,
 )
 from memory.policy import PolicyValues
+from memory.relationships import neighbour_ids
 from memory.scoring_db import refresh_scores
-from memory.services import neighbour_ids
 
 if TYPE_CHECKING:
     from maintenance.runs import Outcome

@@ -8,7 +8,7 @@ fields without an Entry column (sha, author, parents, ...) are kept in ``Entry.m
 
 New records are written in bulk (a few statements per batch, never one query per record); a
 record whose ``id`` already names a latest entry is either unchanged (same content) or becomes
-a new version through :func:`memory.services.entry_update`. An invalid record is skipped and
+a new version through :func:`memory.entry_changes.entry_update`. An invalid record is skipped and
 reported with its line number; nothing of it is written.
 
 :func:`export_journal` writes the same format, so export → import → export is byte-identical.
@@ -30,7 +30,7 @@ from django.db import connection, models, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from memory import services
+from memory import entry_changes, write_input, writes
 from memory.errors import InvalidInput, ServiceError
 from memory.models import (
     CONTENT_MAX,
@@ -47,17 +47,17 @@ from memory.models import (
     Tag,
     Workspace,
 )
+from memory.new_entries import STAGED_TTL_DAYS
 from memory.scoring_db import refresh_scores
-from memory.services import (
+from memory.write_input import (
     ANCHORS_PER_ENTRY_MAX,
-    STAGED_TTL_DAYS,
-    SYSTEM_ACTOR,
     AnchorIn,
     clean_tag_names,
     valid_choice,
     valid_text,
     validate_writable,
 )
+from memory.writes import SYSTEM_ACTOR
 
 SAMPLE_PATH = Path(__file__).resolve().parent / "sample_data" / "flask_journal_sample.jsonl"
 
@@ -290,7 +290,7 @@ def _reject_unstorable(record: dict[str, Any]) -> None:
 
 
 def parse_record(record: Any, line: int, now: datetime) -> JournalRecord:
-    """Validate one decoded journal record with the rules of memory.services.
+    """Validate one decoded journal record with the rules of memory.write_input.
 
     Raises InvalidInput for anything a write through the services would refuse. A record
     without ``created_at`` is dated ``now``.
@@ -364,7 +364,7 @@ def parse_record(record: Any, line: int, now: datetime) -> JournalRecord:
         line=line,
         external_id=external_id,
         content=content,
-        content_hash=services.content_hash(content),
+        content_hash=write_input.content_hash(content),
         created_at=created_at,
         entry_type=entry_type,
         tags=tags,
@@ -526,7 +526,7 @@ def _write(
                 fields["entry_type"] = rec.entry_type
             own_tags = Tag.objects.filter(workspace=workspace, entries__pk=pk).values_list("name", flat=True)
             try:
-                result = services.entry_update(
+                result = entry_changes.entry_update(
                     workspace=workspace,
                     entry_id=pk,
                     actor=actor,
@@ -646,7 +646,7 @@ def _create(
     names = sorted({n for rec in records for n in rec.tags})
     tag_ids: dict[str, int] = {}
     for chunk in _chunks(names):
-        tag_ids.update({t.name: t.pk for t in services.tags_for_names(workspace, chunk)})
+        tag_ids.update({t.name: t.pk for t in writes.tags_for_names(workspace, chunk)})
     _insert_rows(
         Entry.tags.through,
         [

@@ -11,7 +11,7 @@ from maintenance.compaction import digest
 from maintenance.models import MaintenanceRun
 from maintenance.revert import revert_run
 from maintenance.runs import run_maintenance
-from memory import services
+from memory import new_entries
 from memory.models import CONTENT_MAX, Entry, LifecycleEvent, Relationship
 from memory.policy_model import MaintenancePolicy
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db
 
 def fragment(workspace, now, n, *, age_days=20, session="feature-login", project="web", **fields):
     fields.setdefault("entry_type", "development_note")
-    return services.entry_create(
+    return new_entries.entry_create(
         workspace=workspace,
         content=f"Step {n}: wired the login form validation and checked the session cookie handling",
         project=project,

@@ -5,7 +5,7 @@ from dataclasses import fields
 
 import pytest
 
-from memory import services
+from memory import accounts
 from memory.models import Workspace
 from memory.policy import LIMITS, PolicyValues, clamp_value, clean_tags
 from memory.policy_model import MaintenancePolicy
@@ -84,7 +84,7 @@ def test_policy_values_has_a_field_for_every_limit_and_exclude_tags():
 
 def test_a_new_workspace_proposes_and_an_unknown_review_mode_reads_as_propose(db):
     assert PolicyValues().review_mode == "propose"
-    ws = services.workspace_create(slug="fresh")
+    ws = accounts.workspace_create(slug="fresh")
     row = MaintenancePolicy.objects.get(workspace=ws)
     assert row.review_mode == "propose" and row.values().proposes
     row.review_mode = "yolo"
@@ -339,5 +339,5 @@ def test_the_row_values_are_the_clamped_policy_values(workspace):
 
 @pytest.mark.django_db
 def test_workspace_create_makes_exactly_one_policy_row(db):
-    ws = services.workspace_create(slug="solo")
+    ws = accounts.workspace_create(slug="solo")
     assert MaintenancePolicy.objects.filter(workspace=ws).count() == 1

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from memory import journal, services
+from memory import accounts, journal
 from memory.models import Entry, Role, Workspace
 from memory.policy import PROPOSE
 from memory.policy_model import MaintenancePolicy
@@ -57,7 +57,7 @@ class Command(BaseCommand):
         with transaction.atomic():
             workspace = Workspace.objects.filter(slug=DEMO_SLUG).first()
             if workspace is None:
-                workspace = services.workspace_create(
+                workspace = accounts.workspace_create(
                     slug=DEMO_SLUG, name="Demo workspace", review_mode=PROPOSE
                 )
                 counts = journal.import_journal(workspace=workspace, path=journal.SAMPLE_PATH)
@@ -75,7 +75,7 @@ class Command(BaseCommand):
                 password = secrets.token_urlsafe(12)
                 # The local owner of an embedded install: may use the admin and every console action.
                 user = User.objects.create_superuser(username=username, email="", password=password)
-            services.membership_set(workspace=workspace, user=user, role=Role.ADMIN)
+            accounts.membership_set(workspace=workspace, user=user, role=Role.ADMIN)
         if password:
             self.stdout.write(
                 self.style.SUCCESS(
