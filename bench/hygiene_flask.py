@@ -120,7 +120,7 @@ def run(path: Path, out: Path) -> int:
 
     from maintenance import hygiene
     from memory import accounts
-    from memory.journal import import_journal
+    from memory.journal_import import import_journal
     from memory.models import Entry
 
     call_command("migrate", verbosity=0)

@@ -73,7 +73,8 @@ def run(path: Path, database: str, repeat: int, report: Path) -> int:
     from django.db import connection
 
     from memory import accounts
-    from memory.journal import export_journal, import_journal
+    from memory.journal_export import export_journal
+    from memory.journal_import import import_journal
 
     call_command("migrate", verbosity=0)
     stamp = datetime.now(UTC).strftime("%Y%m%d%H%M%S")

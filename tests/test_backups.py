@@ -27,7 +27,8 @@ from maintenance.backups import BackupError, RestoreRefused
 from maintenance.models import Backup, Dispute, MaintenanceLease, MaintenanceRun, Proposal, RunDaySummary
 from memory import entry_changes, entry_signals, new_entries, relationships
 from memory.errors import InvalidInput
-from memory.journal import SAMPLE_PATH, export_records, import_journal
+from memory.journal_export import export_records
+from memory.journal_import import SAMPLE_PATH, import_journal
 from memory.models import (
     ApiKey,
     CodeAnchor,

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from maintenance.models import MaintenanceLease
 from maintenance.runs import run_maintenance
-from memory import accounts, holds, journal, new_entries
+from memory import accounts, holds, journal_import, new_entries
 from memory.models import Entry
 
 pytestmark = pytest.mark.django_db
@@ -201,7 +201,7 @@ def test_an_import_into_a_new_workspace_is_never_changed_before_a_proposal(now):
     # A new workspace proposes: the import's first runs, even a year on, archive and tombstone
     # nothing; what they want waits as proposals.
     cmd("create_workspace", "history")
-    text = cmd("import_entries", str(journal.SAMPLE_PATH), "--workspace", "history")
+    text = cmd("import_entries", str(journal_import.SAMPLE_PATH), "--workspace", "history")
     assert "Review mode propose" in text and "change none of them until you approve" in text
     workspace = accounts.workspace_get("history")
     for days in (0, 30, 365):
@@ -214,5 +214,5 @@ def test_an_import_into_a_new_workspace_is_never_changed_before_a_proposal(now):
 
 def test_an_import_into_an_apply_workspace_warns_that_runs_change_it_at_once(now):
     cmd("create_workspace", "history", "--review-mode", "apply")
-    text = cmd("import_entries", str(journal.SAMPLE_PATH), "--workspace", "history")
+    text = cmd("import_entries", str(journal_import.SAMPLE_PATH), "--workspace", "history")
     assert "Review mode apply: the next maintenance run archives and tombstones at once" in text

@@ -578,9 +578,9 @@ def test_an_entry_is_a_candidate_only_from_score_two(workspace, now):
 
 
 def test_an_imported_journal_is_not_a_queue_of_every_entry(workspace):
-    from memory import journal
+    from memory import journal_import
 
-    counts = journal.import_journal(workspace=workspace, path=journal.SAMPLE_PATH)
+    counts = journal_import.import_journal(workspace=workspace, path=journal_import.SAMPLE_PATH)
     found = hygiene.candidates(workspace)
     assert counts.created == 300
     # Every entry of the journal carries legacy_import (the whole journal was listed before);

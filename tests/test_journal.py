@@ -16,7 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from memory import entry_changes, new_entries, relationships
-from memory.journal import SAMPLE_PATH, import_journal
+from memory.journal_import import SAMPLE_PATH, import_journal
 from memory.models import (
     CodeAnchor,
     Entry,

@@ -53,7 +53,7 @@ from maintenance.backups import read_backup
 from maintenance.models import Backup, MaintenanceRun, Proposal
 from maintenance.revert import revert_entry, revert_run, revert_selection
 from maintenance.runs import AFFECTED_KEPT, ARCHIVING, TOMBSTONING, run_maintenance
-from memory import accounts, entry_changes, entry_signals, journal, new_entries, relationships
+from memory import accounts, entry_changes, entry_signals, journal_import, new_entries, relationships
 from memory.errors import NotFound, ServiceError
 from memory.models import (
     CodeAnchor,
@@ -321,7 +321,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             )
             for i in range(n)
         ]
-        counts = journal.import_lines(workspace=self.a, lines=lines, now=self.now)
+        counts = journal_import.import_lines(workspace=self.a, lines=lines, now=self.now)
         assert (counts.created, counts.invalid) == (n, 0), counts
 
     @rule(n=st.integers(min_value=25, max_value=35))

@@ -17,7 +17,7 @@ from maintenance import hygiene, proposals, revert
 from maintenance.models import Backup, MaintenanceRun, Proposal
 from maintenance.runs import run_maintenance
 from maintenance.tasks import run_scheduled
-from memory import entry_changes, entry_signals, journal, new_entries
+from memory import entry_changes, entry_signals, journal_export, new_entries
 from memory.errors import Conflict, InvalidInput
 from memory.models import Entry, LifecycleEvent, Status
 from memory.policy_model import MaintenancePolicy
@@ -230,7 +230,7 @@ def test_a_propose_mode_run_proposes_exactly_what_an_apply_mode_dry_run_would_do
     dry = run(workspace, dry_run=True)
     assert dry["status"] == "succeeded"
     before = snapshot(propose_workspace)
-    exported_before = list(journal.export_records(propose_workspace))
+    exported_before = list(journal_export.export_records(propose_workspace))
 
     result = run(propose_workspace)
 
@@ -271,7 +271,7 @@ def test_a_propose_mode_run_proposes_exactly_what_an_apply_mode_dry_run_would_do
             continue  # stale marking applies in propose mode
         assert row == old, pk
     assert result["counts"]["hard_deleted"] == 1 and result["counts"]["stale_marked"] >= 1
-    exported_after = list(journal.export_records(propose_workspace))
+    exported_after = list(journal_export.export_records(propose_workspace))
     strip = ("status", "importance", "retention")
     assert [{k: v for k, v in r.items() if k not in strip} for r in exported_after] == [
         {k: v for k, v in r.items() if k not in strip} for r in exported_before

@@ -10,7 +10,7 @@ from django.core.management import call_command
 from maintenance.lease import acquire, new_holder
 from maintenance.models import MaintenanceRun
 from maintenance.runs import COUNT_KEYS, decay_result, prune_result, run_maintenance
-from memory import accounts, entry_changes, journal, new_entries, relationships
+from memory import accounts, entry_changes, journal_export, journal_import, new_entries, relationships
 from memory.models import Entry, LifecycleEvent, Relationship, Tombstone
 from memory.policy_model import MaintenancePolicy
 from tests.helpers_scores import set_scores
@@ -432,7 +432,7 @@ def test_the_decay_sweep_reports_evicted_and_expired_entries(workspace, now):
 
 
 def _snapshot(workspace):
-    records = list(journal.export_records(workspace))
+    records = list(journal_export.export_records(workspace))
     rows = list(Entry.objects.filter(workspace=workspace).order_by("pk").values())
     return (
         records,
@@ -444,7 +444,9 @@ def _snapshot(workspace):
 
 
 def _busy_workspace(workspace, now):
-    journal.import_journal(workspace=workspace, path=journal.SAMPLE_PATH, now=now - timedelta(days=30))
+    journal_import.import_journal(
+        workspace=workspace, path=journal_import.SAMPLE_PATH, now=now - timedelta(days=30)
+    )
     policy(workspace, max_tombstone_fraction=1.0, prune_older_than_days=3000, importance_threshold=0.2)
     ids = list(Entry.objects.filter(workspace=workspace).order_by("pk").values_list("pk", flat=True))
     Entry.objects.filter(pk__in=ids[:20]).update(status="archived", archived_at=now - timedelta(days=400))

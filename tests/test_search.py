@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from memory import accounts, entry_changes, new_entries
 from memory import search as search_module
 from memory.errors import InvalidInput
-from memory.journal import SAMPLE_PATH, import_journal
+from memory.journal_import import SAMPLE_PATH, import_journal
 from memory.models import Entry, Status, Workspace
 from memory.search import MARK_END, MARK_START, ensure_sqlite_index, parse_query, search
 

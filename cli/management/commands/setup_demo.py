@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from memory import accounts, journal
+from memory import accounts, journal_import
 from memory.models import Entry, Role, Workspace
 from memory.policy import PROPOSE
 from memory.policy_model import MaintenancePolicy
@@ -60,7 +60,7 @@ class Command(BaseCommand):
                 workspace = accounts.workspace_create(
                     slug=DEMO_SLUG, name="Demo workspace", review_mode=PROPOSE
                 )
-                counts = journal.import_journal(workspace=workspace, path=journal.SAMPLE_PATH)
+                counts = journal_import.import_journal(workspace=workspace, path=journal_import.SAMPLE_PATH)
                 _make_it_recent(workspace)
                 self.stdout.write(
                     f"Created workspace '{DEMO_SLUG}' with {counts.created} memories "
