@@ -45,7 +45,8 @@ from maintenance.anchors import check_anchor_files
 from memory import entry_changes, entry_signals, new_entries, relationships, selectors, writes
 from memory.auth import ROLE_LEVEL, Principal, require
 from memory.errors import Forbidden, NotFound
-from memory.models import ID_MAX, Entry, Source, Tombstone, TombstoneReason
+from memory.models import Entry, Tombstone
+from memory.models.choices import ID_MAX, Source, TombstoneReason
 
 router = Router(tags=["entries"])
 

@@ -67,7 +67,9 @@ from maintenance.runs import PRUNE_PARAMS
 from memory import selectors
 from memory.auth import Principal, key_principal
 from memory.errors import Forbidden, NotFound, ServiceError
-from memory.models import Entry, EntryQuerySet, Tier
+from memory.models import Entry
+from memory.models.choices import Tier
+from memory.models.entries import EntryQuerySet
 from memory.search import LIMIT_MAX, OFFSET_MAX, Q_MAX
 
 SERVER_NAME = "memory-steward"

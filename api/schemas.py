@@ -28,12 +28,12 @@ from pydantic import (
     model_validator,
 )
 
-from memory.models import (
+from memory.models import Entry
+from memory.models.choices import (
     CONTENT_MAX,
     ID_MAX,
     TITLE_MAX,
     AnchorStatus,
-    Entry,
     EntryType,
     FeedbackSignal,
     HoldReason,

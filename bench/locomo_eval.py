@@ -369,7 +369,8 @@ def maintain(store: Store, at: datetime) -> None:
 
 def measure(store: Store, conv: Conversation) -> dict[str, Any]:
     """The state of one store now (storage, evidence, coverage, hit@10 per category)."""
-    from memory.models import Entry, Status
+    from memory.models import Entry
+    from memory.models.choices import Status
 
     ids = list(store.turn_ids.values()) + list(store.covers)
     status = dict(Entry.objects.filter(pk__in=ids).values_list("pk", "status"))

@@ -25,7 +25,8 @@ from django.views.decorators.http import require_POST
 
 from memory.accounts import actor_for_user
 from memory.auth import ROLE_LEVEL
-from memory.models import Membership, Role, Workspace
+from memory.models import Membership, Workspace
+from memory.models.choices import Role
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ class WorkspaceMembershipMiddleware:
 
 @database_sync_to_async
 def _membership(user: Any, slug: str) -> tuple[int, str] | None:
-    from memory.models import Membership, Role, Workspace
+    from memory.models import Membership, Workspace
+    from memory.models.choices import Role
 
     if user is None or not user.is_authenticated:
         return None

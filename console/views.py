@@ -31,7 +31,7 @@ from maintenance.selectors import run_get
 from maintenance.tasks import submit_run
 from memory import entry_changes
 from memory.errors import NotFound, ServiceError, Unavailable
-from memory.models import ID_MAX, LISTED_STATUSES, EntryType, Status, Tier, TombstoneReason
+from memory.models.choices import ID_MAX, LISTED_STATUSES, EntryType, Status, Tier, TombstoneReason
 from memory.selectors import ENTRY_SORTS, workspace_summaries
 
 

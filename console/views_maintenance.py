@@ -56,7 +56,7 @@ from maintenance.models import DisputeStatus, Resolution, RunKind, RunStatus
 from maintenance.selectors import folded_summary, hygiene_reason_codes, hygiene_rows, run_days, run_list
 from memory import entry_changes
 from memory.errors import Conflict, InvalidInput, NotFound, ServiceError
-from memory.models import ID_MAX, TombstoneReason
+from memory.models.choices import ID_MAX, TombstoneReason
 
 PER_PAGE = 25
 NOTICE_HEADER = "X-Console-Notice"

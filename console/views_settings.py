@@ -32,7 +32,8 @@ from console.access import Console, workspace_page
 from console.settings_help import GROUPS, HELP, range_text, unit
 from memory import accounts
 from memory.errors import NotFound, ServiceError
-from memory.models import ID_MAX, ApiKey, KeyRole, Role
+from memory.models import ApiKey
+from memory.models.choices import ID_MAX, KeyRole, Role
 from memory.policy import APPLY, LIMITS, PROPOSE, clean_tags
 from memory.policy_model import MaintenancePolicy
 

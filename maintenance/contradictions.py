@@ -104,18 +104,17 @@ from maintenance.plan_status import status_in
 from maintenance.text import content_words, words
 from memory import holds, lifecycle, relationships
 from memory.errors import Conflict, InvalidInput, NotFound
-from memory.models import (
+from memory.models import Entry, Workspace
+from memory.models.choices import (
     ID_MAX,
     LISTED_STATUSES,
     VISIBLE_STATUSES,
-    Entry,
     EntryType,
     HoldReason,
     RelationshipType,
     Source,
     Status,
     Tier,
-    Workspace,
 )
 from memory.scoring_db import refresh_scores
 

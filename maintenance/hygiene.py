@@ -100,15 +100,9 @@ from maintenance.plan_status import status_in
 from maintenance.text import content_words, normalise
 from memory import holds, lifecycle
 from memory.capped import capped_count
-from memory.models import (
-    LIVE_STATUSES,
-    Entry,
-    HoldReason,
-    Source,
-    Status,
-    Workspace,
-    protected,
-)
+from memory.models import Entry, Workspace
+from memory.models.choices import LIVE_STATUSES, HoldReason, Source, Status
+from memory.models.entries import protected
 from memory.policy import SOURCE_PATH, PolicyValues
 from memory.policy_model import MaintenancePolicy
 from memory.relationships import neighbour_ids

@@ -21,7 +21,8 @@ from django.utils import timezone
 from maintenance.models import MaintenanceRun
 from memory import holds, lifecycle
 from memory.errors import NotFound
-from memory.models import Entry, HoldReason, LifecycleEvent, Relationship, Status, Workspace
+from memory.models import Entry, LifecycleEvent, Relationship, Workspace
+from memory.models.choices import HoldReason, Status
 from memory.relationships import link_partners
 from memory.scoring_db import refresh_scores
 

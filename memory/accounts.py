@@ -12,13 +12,8 @@ from typing import Any
 from django.db import transaction
 
 from memory.errors import Conflict, InvalidInput, NotFound
-from memory.models import (
-    ApiKey,
-    KeyRole,
-    Membership,
-    Role,
-    Workspace,
-)
+from memory.models import ApiKey, Membership, Workspace
+from memory.models.choices import KeyRole, Role
 from memory.policy import PROPOSE
 from memory.policy_model import MaintenancePolicy
 from memory.write_input import (

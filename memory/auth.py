@@ -36,7 +36,8 @@ from ninja.security.session import SessionAuth
 from memory import rawsql
 from memory.accounts import actor_for_key, actor_for_user, hash_key
 from memory.errors import Forbidden, ServiceError
-from memory.models import ApiKey, Membership, Role, Workspace
+from memory.models import ApiKey, Membership, Workspace
+from memory.models.choices import Role
 from memory.policy import PolicyValues
 from memory.policy_model import MaintenancePolicy
 

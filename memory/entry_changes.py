@@ -14,18 +14,8 @@ from django.db.models import Q
 
 from memory import holds, lifecycle
 from memory.errors import Conflict
-from memory.models import (
-    CONTENT_MAX,
-    CodeAnchor,
-    Entry,
-    HoldReason,
-    LifecycleEvent,
-    Relationship,
-    Status,
-    Tombstone,
-    TombstoneReason,
-    Workspace,
-)
+from memory.models import CodeAnchor, Entry, LifecycleEvent, Relationship, Tombstone, Workspace
+from memory.models.choices import CONTENT_MAX, HoldReason, Status, TombstoneReason
 from memory.policy_model import MaintenancePolicy
 from memory.relationships import neighbour_ids
 from memory.write_input import (

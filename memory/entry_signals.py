@@ -11,13 +11,8 @@ from django.db.models import F
 
 from memory import lifecycle
 from memory.errors import Conflict
-from memory.models import (
-    Entry,
-    EntryAccess,
-    FeedbackSignal,
-    Status,
-    Workspace,
-)
+from memory.models import Entry, EntryAccess, Workspace
+from memory.models.choices import FeedbackSignal, Status
 from memory.policy_model import MaintenancePolicy
 from memory.scoring import step_salience
 from memory.write_input import (

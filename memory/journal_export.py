@@ -9,14 +9,8 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from memory.models import (
-    CodeAnchor,
-    Entry,
-    Relationship,
-    RelationshipType,
-    Status,
-    Workspace,
-)
+from memory.models import CodeAnchor, Entry, Relationship, Workspace
+from memory.models.choices import RelationshipType, Status
 
 # Link type → commit reference relation, for export (the reverse of RELATION_TO_LINK).
 LINK_TO_RELATION: dict[str, str] = {

@@ -27,16 +27,8 @@ from memory.journal_parse import (
     Progress,
     read_records,
 )
-from memory.models import (
-    CodeAnchor,
-    Entry,
-    LifecycleEvent,
-    Relationship,
-    StagedClass,
-    Status,
-    Tag,
-    Workspace,
-)
+from memory.models import CodeAnchor, Entry, LifecycleEvent, Relationship, Tag, Workspace
+from memory.models.choices import StagedClass, Status
 from memory.new_entries import STAGED_TTL_DAYS
 from memory.scoring_db import refresh_scores
 from memory.writes import SYSTEM_ACTOR

@@ -19,7 +19,7 @@ from typing import Any
 
 from memory import write_input
 from memory.errors import InvalidInput
-from memory.models import (
+from memory.models.choices import (
     CONTENT_MAX,
     AnchorStatus,
     EntryType,

@@ -12,19 +12,14 @@ from django.db import IntegrityError, connection, transaction
 
 from memory import rawsql, scoring
 from memory.errors import Conflict, InvalidInput
-from memory.models import (
+from memory.models import CodeAnchor, Entry, EntryScore, Relationship, Tag, Workspace
+from memory.models.choices import (
     CAUSAL_TYPES,
     CONTENT_MAX,
     EXTERNAL_ID_UNIQUE,
-    CodeAnchor,
-    Entry,
-    EntryScore,
-    Relationship,
     StagedClass,
     Status,
-    Tag,
     ValidationStatus,
-    Workspace,
 )
 from memory.relationships import link_targets
 from memory.write_input import (

@@ -12,13 +12,8 @@ from django.db import IntegrityError, connection, transaction
 
 from memory import rawsql
 from memory.errors import Conflict, InvalidInput, NotFound
-from memory.models import (
-    Entry,
-    Relationship,
-    RelationshipType,
-    Status,
-    Workspace,
-)
+from memory.models import Entry, Relationship, Workspace
+from memory.models.choices import RelationshipType, Status
 from memory.write_input import (
     valid_choice,
     valid_entry_id,

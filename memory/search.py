@@ -56,7 +56,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
 from memory.errors import InvalidInput
-from memory.models import Entry, Status, Workspace, count_index
+from memory.models import Entry, Workspace
+from memory.models.choices import Status
+from memory.models.entries import count_index
 
 Q_MAX = 500  # characters
 LIMIT_MAX = 500  # the bounds of every list page (api.schemas.PAGE_MAX, OFFSET_MAX)

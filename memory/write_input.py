@@ -14,12 +14,11 @@ from typing import Any
 from django.utils import timezone
 
 from memory.errors import InvalidInput, NotFound
-from memory.models import (
+from memory.models import CodeAnchor, Entry
+from memory.models.choices import (
     ID_MAX,
     TITLE_MAX,
     AnchorStatus,
-    CodeAnchor,
-    Entry,
     EntryType,
     RelationshipType,
     SignificanceType,

@@ -14,16 +14,8 @@ from django.utils import timezone
 
 from memory import rawsql
 from memory.errors import Conflict, NotFound
-from memory.models import (
-    VISIBLE_STATUSES,
-    Entry,
-    EntryType,
-    LifecycleEvent,
-    Source,
-    Tag,
-    Tier,
-    Workspace,
-)
+from memory.models import Entry, LifecycleEvent, Tag, Workspace
+from memory.models.choices import VISIBLE_STATUSES, EntryType, Source, Tier
 from memory.policy import PolicyValues
 from memory.policy_model import MaintenancePolicy
 from memory.scoring_db import rescore

@@ -17,16 +17,8 @@ from django.utils import timezone
 
 from maintenance.models import Backup
 from memory import accounts, entry_changes, entry_signals, new_entries, relationships, scoring
-from memory.models import (
-    CodeAnchor,
-    Entry,
-    EntryAccess,
-    LifecycleEvent,
-    Relationship,
-    Status,
-    Tag,
-    Tombstone,
-)
+from memory.models import CodeAnchor, Entry, EntryAccess, LifecycleEvent, Relationship, Tag, Tombstone
+from memory.models.choices import Status
 
 API = "/api/v1"
 CSRF_TOKEN = "csrftokencsrftokencsrftokencsrft"  # 32 characters, as Django makes them

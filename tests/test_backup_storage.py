@@ -22,7 +22,8 @@ from config.settings import backup_storage
 from maintenance import backups, purge_now
 from maintenance.models import Backup
 from memory import accounts, entry_changes, new_entries
-from memory.models import Entry, TombstoneReason
+from memory.models import Entry
+from memory.models.choices import TombstoneReason
 from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db

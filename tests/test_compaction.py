@@ -12,7 +12,8 @@ from maintenance.models import MaintenanceRun
 from maintenance.revert import revert_run
 from maintenance.runs import run_maintenance
 from memory import new_entries
-from memory.models import CONTENT_MAX, Entry, LifecycleEvent, Relationship
+from memory.models import Entry, LifecycleEvent, Relationship
+from memory.models.choices import CONTENT_MAX
 from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db

@@ -11,7 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from memory import accounts, entry_changes, new_entries
-from memory.models import Status, Workspace
+from memory.models import Workspace
+from memory.models.choices import Status
 
 pytestmark = pytest.mark.django_db
 

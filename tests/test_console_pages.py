@@ -21,7 +21,8 @@ from maintenance.lease import acquire, new_holder
 from maintenance.models import MaintenanceRun, RunStatus
 from maintenance.runs import run_maintenance
 from memory import accounts, entry_changes, new_entries
-from memory.models import Entry, LifecycleEvent, Status, Workspace
+from memory.models import Entry, LifecycleEvent, Workspace
+from memory.models.choices import Status
 from tests.helpers_runs import work_queued_runs
 
 pytestmark = pytest.mark.django_db

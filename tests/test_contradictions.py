@@ -16,7 +16,8 @@ from maintenance.passes import RunContext
 from maintenance.runs import effective_policy, run_maintenance
 from memory import entry_changes, new_entries, relationships
 from memory.errors import Conflict, InvalidInput, NotFound
-from memory.models import Entry, LifecycleEvent, Relationship, Status
+from memory.models import Entry, LifecycleEvent, Relationship
+from memory.models.choices import Status
 from memory.policy_model import MaintenancePolicy
 
 # --- polarity ---------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from django.db import connection
 
 from maintenance import backups
 from memory import new_entries, selectors
-from memory.models import RETENTION_UNSCORED, Entry, EntryScore
+from memory.models import Entry, EntryScore
+from memory.models.entries import RETENTION_UNSCORED
 from memory.scoring import DecayParams
 from memory.scoring_db import refresh_scores, rescore
 from tests.test_backups import backup_path, dump, populate, read_lines, wipe, with_fresh_checksum, write_lines

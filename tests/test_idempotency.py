@@ -19,7 +19,8 @@ from django.utils import timezone
 from config.api import api
 from maintenance.models import Dispute
 from memory import accounts, entry_changes, entry_signals, idempotency, new_entries
-from memory.models import ApiKey, Entry, EntryAccess, IdempotencyKey, LifecycleEvent, TombstoneReason
+from memory.models import ApiKey, Entry, EntryAccess, IdempotencyKey, LifecycleEvent
+from memory.models.choices import TombstoneReason
 from tests.helpers_runs import work_queued_runs
 
 API = "/api/v1"

@@ -17,15 +17,7 @@ from django.test.utils import CaptureQueriesContext
 
 from memory import entry_changes, new_entries, relationships
 from memory.journal_import import SAMPLE_PATH, import_journal
-from memory.models import (
-    CodeAnchor,
-    Entry,
-    LifecycleEvent,
-    Relationship,
-    Tag,
-    Tombstone,
-    Workspace,
-)
+from memory.models import CodeAnchor, Entry, LifecycleEvent, Relationship, Tag, Tombstone, Workspace
 
 pytestmark = pytest.mark.django_db
 

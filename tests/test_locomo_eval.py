@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from memory import accounts
-from memory.models import Entry, Relationship, Status
+from memory.models import Entry, Relationship
+from memory.models.choices import Status
 
 _PATH = Path(__file__).resolve().parent.parent / "bench" / "locomo_eval.py"
 _spec = importlib.util.spec_from_file_location("locomo_eval", _PATH)

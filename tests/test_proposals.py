@@ -19,7 +19,8 @@ from maintenance.runs import run_maintenance
 from maintenance.tasks import run_scheduled
 from memory import entry_changes, entry_signals, journal_export, new_entries
 from memory.errors import Conflict, InvalidInput
-from memory.models import Entry, LifecycleEvent, Status
+from memory.models import Entry, LifecycleEvent
+from memory.models.choices import Status
 from memory.policy_model import MaintenancePolicy
 from tests.helpers_scores import set_scores
 

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from memory import accounts, entry_changes, new_entries
-from memory.models import CAUSAL_TYPES, CodeAnchor, Entry, EntryAccess, Relationship, Workspace
+from memory.models import CodeAnchor, Entry, EntryAccess, Relationship, Workspace
+from memory.models.choices import CAUSAL_TYPES
 from memory.scoring import DecayParams, importance, retention
 from memory.scoring_db import FEW_IDS, refresh_scores, rescore
 from tests.helpers_scores import set_scores

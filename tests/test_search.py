@@ -19,7 +19,8 @@ from memory import accounts, entry_changes, new_entries
 from memory import search as search_module
 from memory.errors import InvalidInput
 from memory.journal_import import SAMPLE_PATH, import_journal
-from memory.models import Entry, Status, Workspace
+from memory.models import Entry, Workspace
+from memory.models.choices import Status
 from memory.search import MARK_END, MARK_START, ensure_sqlite_index, parse_query, search
 
 pytestmark = pytest.mark.django_db
@@ -626,7 +627,7 @@ def test_an_unauthenticated_request_is_401(workspace):
 def test_an_entry_of_the_largest_content_of_distinct_words_is_written_and_found(workspace):
     # Its tsvector is far larger than a btree index row may be (2,704 bytes on PostgreSQL):
     # no index on memory_entry may carry it.
-    from memory.models import CONTENT_MAX
+    from memory.models.choices import CONTENT_MAX
 
     words, text = [], ""
     n = 0

@@ -10,15 +10,7 @@ from django.db import connection, transaction
 
 from memory import entry_changes, entry_signals, new_entries, relationships, scoring, write_input, writes
 from memory.errors import Conflict, InvalidInput, NotFound
-from memory.models import (
-    CodeAnchor,
-    Entry,
-    EntryAccess,
-    LifecycleEvent,
-    Relationship,
-    Tag,
-    Tombstone,
-)
+from memory.models import CodeAnchor, Entry, EntryAccess, LifecycleEvent, Relationship, Tag, Tombstone
 from memory.policy_model import MaintenancePolicy
 from memory.scoring_db import refresh_scores
 

@@ -179,7 +179,7 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
     from maintenance.models import Dispute
     from maintenance.runs import run_maintenance
     from memory import accounts, entry_changes, holds, new_entries
-    from memory.models import HoldReason
+    from memory.models.choices import HoldReason
     from memory.policy_model import MaintenancePolicy
 
     ws = workspace("layout", "Payments platform (long values)")

@@ -13,7 +13,7 @@ from django.db import transaction
 
 from cli.management.commands._base import WorkspaceCommand, service_errors
 from memory import accounts
-from memory.models import Role
+from memory.models.choices import Role
 
 
 class Command(WorkspaceCommand):

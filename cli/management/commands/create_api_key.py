@@ -8,7 +8,7 @@ from django.core.management.base import CommandParser
 
 from cli.management.commands._base import WorkspaceCommand, service_errors
 from memory import accounts
-from memory.models import KeyRole
+from memory.models.choices import KeyRole
 
 
 class Command(WorkspaceCommand):

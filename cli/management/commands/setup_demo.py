@@ -19,7 +19,8 @@ from django.db.models import F, Max
 from django.utils import timezone
 
 from memory import accounts, journal_import
-from memory.models import Entry, Role, Workspace
+from memory.models import Entry, Workspace
+from memory.models.choices import Role
 from memory.policy import PROPOSE
 from memory.policy_model import MaintenancePolicy
 from memory.scoring_db import refresh_scores
