@@ -382,19 +382,19 @@ def test_the_mcp_preview_of_a_large_workspace_answers_the_queued_run_as_a_result
     MCP server's path to its result): queued, it is a result naming the run, not an error."""
     from django.test import RequestFactory
 
-    from api import mcp
+    from api import mcp_calls, mcp_tools
     from memory.auth import Principal
 
     cold(workspace, 3)
     request = RequestFactory().post("/mcp")
     request.principal = Principal(workspace=workspace, role="agent", actor="key:test")  # type: ignore[attr-defined]
-    spec = next(t for t in mcp.TOOLS if t.name == "memory_maintenance_preview")
+    spec = next(t for t in mcp_tools.TOOLS if t.name == "memory_maintenance_preview")
     args = spec.args.model_validate({"kind": "decay", "top": 2})
-    inline, _ = mcp.dump(spec.out, spec.run(request, args), request)
+    inline, _ = mcp_calls.dump(spec.out, spec.run(request, args), request)
     assert (inline["status"], inline["affected_counts"]["tombstoned"]) == ("succeeded", 3)
     assert inline["url"] is None
     settings.MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES = 2
-    queued, _ = mcp.dump(spec.out, spec.run(request, args), request)
+    queued, _ = mcp_calls.dump(spec.out, spec.run(request, args), request)
     assert (queued["status"], queued["dry_run"], queued["kind"]) == ("queued", True, "decay")
     assert queued["url"] == f"/api/v1/maintenance/runs/{queued['run_id']}"
     assert queued["counts"] is None and queued["affected_top"] is None
