@@ -807,7 +807,7 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
 
     # EXPLAIN ANALYZE of the list page and its count, and of the search SQL.
     from memory import search as search_mod
-    from memory import selectors
+    from memory import search_query, selectors
 
     qs = selectors.entry_list(ws, sort="importance")
     plans: dict[str, str] = {}
@@ -820,7 +820,7 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
         )
         by_count = []
         for q in queries[:200]:
-            parsed = search_mod.parse_query(q)
+            parsed = search_query.parse_query(q)
             if not parsed.groups:
                 continue
             c.execute(
@@ -855,7 +855,7 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
     broad = f"broad (the {search_mod.RANK_CAP} most important ranked)"
     sql_times: dict[str, list[float]] = {"all queries": [], "exact ranking": [], broad: []}
     per_query: list[tuple[float, str, int, int, bool]] = []
-    for q in [q for q in queries[:SEARCH_DIAGNOSE_QUERIES] if search_mod.parse_query(q).groups]:
+    for q in [q for q in queries[:SEARCH_DIAGNOSE_QUERIES] if search_query.parse_query(q).groups]:
         t = time.perf_counter()
         result = search_mod.search(ws, q, limit=20)
         ms = 1000 * (time.perf_counter() - t)

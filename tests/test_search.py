@@ -21,7 +21,9 @@ from memory.errors import InvalidInput
 from memory.journal_import import SAMPLE_PATH, import_journal
 from memory.models import Entry, Workspace
 from memory.models.choices import Status
-from memory.search import MARK_END, MARK_START, ensure_sqlite_index, parse_query, search
+from memory.search import MARK_END, MARK_START, search
+from memory.search_index import ensure_sqlite_index
+from memory.search_query import parse_query
 
 pytestmark = pytest.mark.django_db
 
