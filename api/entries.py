@@ -42,10 +42,11 @@ from api.schemas import (
 )
 from maintenance import purge_now
 from maintenance.anchors import check_anchor_files
-from memory import selectors, services
+from memory import entry_changes, entry_signals, new_entries, relationships, selectors, writes
 from memory.auth import ROLE_LEVEL, Principal, require
 from memory.errors import Forbidden, NotFound
-from memory.models import ID_MAX, Entry, Source, Tombstone, TombstoneReason
+from memory.models import Entry, Tombstone
+from memory.models.choices import ID_MAX, Source, TombstoneReason
 
 router = Router(tags=["entries"])
 
@@ -119,7 +120,7 @@ def _id(value: int, what: str = "entry") -> int:
 
 
 def _entry(who: Principal, entry_id: int) -> Entry:
-    return services.entry_get(workspace=who.workspace, entry_id=_id(entry_id))
+    return writes.entry_get(workspace=who.workspace, entry_id=_id(entry_id))
 
 
 def _check_source(who: Principal, source: str | None) -> None:
@@ -151,7 +152,7 @@ def create_entry(request: HttpRequest, payload: EntryIn) -> Status[Entry]:
     _check_source(who, payload.source)
     fields = payload.model_dump(exclude_unset=True)
     content = fields.pop("content")
-    entry = services.entry_create(workspace=who.workspace, content=content, actor=who.actor, **fields)
+    entry = new_entries.entry_create(workspace=who.workspace, content=content, actor=who.actor, **fields)
     return Status(201, entry)
 
 
@@ -183,7 +184,7 @@ def update_entry(request: HttpRequest, entry_id: int, payload: EntryPatchIn) -> 
     """Change the latest version; changed content makes a new version (``new_version``)."""
     who = require(request, "agent")
     _check_source(who, payload.source)
-    result = services.entry_update(
+    result = entry_changes.entry_update(
         workspace=who.workspace,
         entry_id=_id(entry_id),
         actor=who.actor,
@@ -207,7 +208,7 @@ def delete_entry(
         who = require(request, "operator")
         return purge_now.entry_purge(workspace=who.workspace, entry=_entry(who, entry_id), actor=who.actor)
     who = require(request, "agent")
-    return services.entry_tombstone(
+    return entry_changes.entry_tombstone(
         workspace=who.workspace, entry_id=_id(entry_id), reason=TombstoneReason.API, actor=who.actor
     )
 
@@ -216,7 +217,7 @@ def delete_entry(
 def restore_entry(request: HttpRequest, entry_id: int) -> Entry:
     """Operator: a stale, archived or tombstoned entry returns to its previous live status."""
     who = require(request, "operator")
-    return services.entry_restore(workspace=who.workspace, entry_id=_id(entry_id), actor=who.actor)
+    return entry_changes.entry_restore(workspace=who.workspace, entry_id=_id(entry_id), actor=who.actor)
 
 
 @router.post("/entries/{entry_id}/release", response={200: EntryOut, **ERRORS})
@@ -224,7 +225,7 @@ def release_entry(request: HttpRequest, entry_id: int) -> Entry:
     """Operator: clear the entry's operator hold (409 when it has none); automation may change
     it again. The release is a LifecycleEvent of its history."""
     who = require(request, "operator")
-    return services.entry_release(workspace=who.workspace, entry_id=_id(entry_id), actor=who.actor)
+    return entry_changes.entry_release(workspace=who.workspace, entry_id=_id(entry_id), actor=who.actor)
 
 
 @router.get("/entries/{entry_id}/versions", response={200: EntryPageOut, **ERRORS})
@@ -245,7 +246,7 @@ def list_entry_history(request: HttpRequest, entry_id: int, page: Query[PageQuer
 def record_entry_access(request: HttpRequest, entry_id: int, payload: AccessIn) -> Entry:
     """An actor read the entry; ``dispatch`` means it went into a real agent context."""
     who = require(request, "agent")
-    return services.entry_record_access(
+    return entry_signals.entry_record_access(
         workspace=who.workspace, entry_id=_id(entry_id), actor=payload.actor, dispatch=payload.dispatch
     )
 
@@ -254,14 +255,14 @@ def record_entry_access(request: HttpRequest, entry_id: int, payload: AccessIn) 
 def reinforce_entry(request: HttpRequest, entry_id: int) -> Entry:
     """Confirm the entry was useful."""
     who = require(request, "agent")
-    return services.entry_reinforce(workspace=who.workspace, entry_id=_id(entry_id), actor=who.actor)
+    return entry_signals.entry_reinforce(workspace=who.workspace, entry_id=_id(entry_id), actor=who.actor)
 
 
 @router.post("/entries/{entry_id}/feedback", response={200: EntryOut, **ERRORS})
 def give_entry_feedback(request: HttpRequest, entry_id: int, payload: FeedbackIn) -> Entry:
     """helpful / not_helpful step salience; stale / wrong drop it and flag it for review."""
     who = require(request, "agent")
-    return services.entry_feedback(
+    return entry_signals.entry_feedback(
         workspace=who.workspace, entry_id=_id(entry_id), signal=payload.signal, actor=who.actor
     )
 
@@ -273,7 +274,7 @@ def give_entry_feedback(request: HttpRequest, entry_id: int, payload: FeedbackIn
 def create_relationship(request: HttpRequest, payload: RelationshipIn) -> Status[dict[str, Any]]:
     """Link two entries (201); an identical link answers 200 with ``duplicate: true``."""
     who = require(request, "agent")
-    rel, created = services.relationship_create(
+    rel, created = relationships.relationship_create(
         workspace=who.workspace,
         from_id=payload.from_id,
         to_id=payload.to_id,
@@ -296,7 +297,7 @@ def create_relationship(request: HttpRequest, payload: RelationshipIn) -> Status
 def delete_relationship(request: HttpRequest, relationship_id: int) -> dict[str, bool]:
     """Unlink."""
     who = require(request, "agent")
-    services.relationship_delete(
+    relationships.relationship_delete(
         workspace=who.workspace, relationship_id=_id(relationship_id, "relationship")
     )
     return {"deleted": True}

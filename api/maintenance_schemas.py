@@ -18,7 +18,7 @@ from pydantic import AfterValidator, ConfigDict, StrictBool, model_validator
 from api.schemas import ErrorOut, no_nul  # one error shape, one schema name in the OpenAPI document
 from maintenance.models import ProposalAction, RunKind, RunStatus, RunTrigger
 from maintenance.proposals import ACTIONS
-from memory.models import ID_MAX, TombstoneReason
+from memory.models.choices import ID_MAX, TombstoneReason
 from memory.policy import LIMITS, PROPOSE, REVIEW_MODES
 
 OFFSET_MAX = 1_000_000_000

@@ -37,7 +37,8 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import AnyHttpUrl
 
-from api.mcp import KeyAccess, build_server, in_django
+from api.mcp import build_server
+from api.mcp_calls import KeyAccess, in_django
 from config.middleware import RETRY_AFTER_SECONDS
 from memory.auth import RateLimited, key_principal
 

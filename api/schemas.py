@@ -28,12 +28,12 @@ from pydantic import (
     model_validator,
 )
 
-from memory.models import (
+from memory.models import Entry
+from memory.models.choices import (
     CONTENT_MAX,
     ID_MAX,
     TITLE_MAX,
     AnchorStatus,
-    Entry,
     EntryType,
     FeedbackSignal,
     HoldReason,
@@ -46,14 +46,14 @@ from memory.models import (
     ValidationStatus,
 )
 from memory.policy_model import MaintenancePolicy
-from memory.services import (
+from memory.write_input import (
     ANCHORS_PER_ENTRY_MAX,
     INT32_MAX,
     LINKS_PER_WRITE_MAX,
     TAG_MAX,
     TAGS_PER_ENTRY_MAX,
-    write_policy,
 )
+from memory.writes import write_policy
 
 PAGE_MAX = 500  # the most items one page of a list returns: limit ≤ 500
 OFFSET_MAX = 1_000_000_000  # deeper pages are not meaningful; keeps OFFSET far from overflow

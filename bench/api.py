@@ -552,12 +552,12 @@ def run(args: argparse.Namespace) -> int:
     import datagen
     from django.db import connection
 
-    from memory import services
+    from memory import accounts
     from memory.models import Workspace
 
     gen = datagen.ensure(args.entries, seed=args.seed, regenerate=args.regenerate)
     ws = Workspace.objects.get(pk=gen.workspace_id)
-    _key, raw_key = services.api_key_create(
+    _key, raw_key = accounts.api_key_create(
         workspace=ws, name=f"bench {started:%Y-%m-%d %H:%M}", role="agent"
     )
     with connection.cursor() as c:
@@ -708,7 +708,7 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
     from django.db.backends.base.base import BaseDatabaseWrapper
     from ninja.operation import Operation
 
-    from memory import services
+    from memory import new_entries
     from memory.auth import BearerKey
 
     stage_ms: dict[str, float] = {}
@@ -730,7 +730,7 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
         timed(BaseDatabaseWrapper, "connect", "connect"),
         timed(BearerKey, "authenticate", "auth"),
         timed(Operation, "_result_to_response", "serialize"),
-        timed(services, "_rescore", "rescore"),
+        timed(new_entries, "rescore_written", "rescore"),
     ]
     sql_each: list[tuple[str, float]] = []
 
@@ -807,7 +807,7 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
 
     # EXPLAIN ANALYZE of the list page and its count, and of the search SQL.
     from memory import search as search_mod
-    from memory import selectors
+    from memory import search_query, selectors
 
     qs = selectors.entry_list(ws, sort="importance")
     plans: dict[str, str] = {}
@@ -820,7 +820,7 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
         )
         by_count = []
         for q in queries[:200]:
-            parsed = search_mod.parse_query(q)
+            parsed = search_query.parse_query(q)
             if not parsed.groups:
                 continue
             c.execute(
@@ -855,7 +855,7 @@ def diagnose(ws: Any, key: str, ids: list[int], queries: list[str]) -> dict[str,
     broad = f"broad (the {search_mod.RANK_CAP} most important ranked)"
     sql_times: dict[str, list[float]] = {"all queries": [], "exact ranking": [], broad: []}
     per_query: list[tuple[float, str, int, int, bool]] = []
-    for q in [q for q in queries[:SEARCH_DIAGNOSE_QUERIES] if search_mod.parse_query(q).groups]:
+    for q in [q for q in queries[:SEARCH_DIAGNOSE_QUERIES] if search_query.parse_query(q).groups]:
         t = time.perf_counter()
         result = search_mod.search(ws, q, limit=20)
         ms = 1000 * (time.perf_counter() - t)
@@ -1251,7 +1251,7 @@ def render_diagnosis(d: dict[str, Any]) -> list[str]:
         "hands it back, as the server does. The stages are the wall "
         "time inside the database connect (a pool checkout), the bearer-key authentication (the first "
         "query of the request), the response serialisation "
-        "(django-ninja + pydantic) and the write's score refresh (`services._rescore`). "
+        "(django-ninja + pydantic) and the write's score refresh (`new_entries.rescore_written`). "
         f"Taking a connection from the pool (Django's connect + a first query) costs "
         f"**{d['connect_ms']:.1f} ms** (median of 30), once per request that touches the database.",
         "",

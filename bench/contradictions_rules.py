@@ -142,7 +142,7 @@ def run(path: Path, out: Path) -> int:
     from maintenance.contradictions import entry_text, flag_contradictions, profile
     from maintenance.models import Dispute
     from maintenance.passes import RunContext
-    from memory import services
+    from memory import accounts, new_entries
     from memory.models import Entry
     from memory.policy_model import MaintenancePolicy
 
@@ -158,10 +158,10 @@ def run(path: Path, out: Path) -> int:
     polarity_total: Counter[int] = Counter()
     started = time.perf_counter()
     for n, (source, items) in enumerate(by_source.items(), start=1):
-        workspace = services.workspace_create(slug=f"src-{n:02d}", name=source)
+        workspace = accounts.workspace_create(slug=f"src-{n:02d}", name=source)
         rule_of: dict[int, dict[str, Any]] = {}
         for i, rule in enumerate(items):
-            entry = services.entry_create(
+            entry = new_entries.entry_create(
                 workspace=workspace,
                 content=rule["text"],
                 entry_type="rule",

@@ -473,7 +473,7 @@ class RowGen:
             yield self._batch(start, min(start + size, self.n))
 
     def _batch(self, lo: int, hi: int) -> Batch:
-        from memory.services import content_hash  # Django is set up by now
+        from memory.write_input import content_hash  # Django is set up by now
 
         r, now, ws = self.rng, self.now, self.ws
         b = Batch()
@@ -690,7 +690,7 @@ def ensure(
     (Django must be set up)."""
     from django.db import connection
 
-    from memory import services
+    from memory import accounts
     from memory.models import Workspace
 
     slug = slug or f"{DEFAULT_SLUG}-{n}"
@@ -716,7 +716,7 @@ def ensure(
         t = time.perf_counter()
         _drop_workspace(ws)
         progress(f"dropped in {time.perf_counter() - t:.1f} s")
-    ws = services.workspace_create(slug=slug, name=f"datagen n={n} seed={seed} (incomplete)")
+    ws = accounts.workspace_create(slug=slug, name=f"datagen n={n} seed={seed} (incomplete)")
     t0 = time.perf_counter()
     if connection.vendor == "postgresql":
         phases, counts = _generate_postgresql(ws, n, seed, batch_size, progress)
@@ -978,7 +978,7 @@ def ensure_many(
     tables analysed once at the end."""
     from django.db import connection, transaction
 
-    from memory import services
+    from memory import accounts
     from memory.models import Workspace
     from memory.policy_model import MaintenancePolicy
     from memory.scoring_db import refresh_scores
@@ -999,7 +999,7 @@ def ensure_many(
     t = time.perf_counter()
     ids = []
     for k in range(workspaces):
-        ws = services.workspace_create(slug=f"{prefix}-{k + 1:04d}", name=f"{mark} (incomplete)")
+        ws = accounts.workspace_create(slug=f"{prefix}-{k + 1:04d}", name=f"{mark} (incomplete)")
         with transaction.atomic(), connection.cursor() as c:
             c.execute("SET LOCAL synchronous_commit = off")
             c.execute("LOCK TABLE memory_entry IN SHARE ROW EXCLUSIVE MODE")

@@ -86,7 +86,7 @@ def main() -> int:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    from memory import services
+    from memory import accounts
     from memory.models import Entry, Tag, Workspace
 
     def call(client: Client, method: str, path: str, body: Any = None) -> tuple[int, float, int]:
@@ -101,7 +101,7 @@ def main() -> int:
         return response.status_code, ms, len(queries.captured_queries)
 
     def operator(ws: Workspace, name: str) -> Client:
-        _, raw = services.api_key_create(workspace=ws, name=name, role="operator")
+        _, raw = accounts.api_key_create(workspace=ws, name=name, role="operator")
         return Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
 
     if args.one:  # a child: one call, its result as JSON on stdout

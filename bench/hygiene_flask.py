@@ -119,12 +119,12 @@ def run(path: Path, out: Path) -> int:
     from django.core.management import call_command
 
     from maintenance import hygiene
-    from memory import services
-    from memory.journal import import_journal
+    from memory import accounts
+    from memory.journal_import import import_journal
     from memory.models import Entry
 
     call_command("migrate", verbosity=0)
-    workspace = services.workspace_create(slug="bench-hygiene")
+    workspace = accounts.workspace_create(slug="bench-hygiene")
     start = time.perf_counter()
     counts = import_journal(workspace=workspace, path=path)
     import_seconds = time.perf_counter() - start

@@ -72,8 +72,9 @@ def run(path: Path, database: str, repeat: int, report: Path) -> int:
     from django.core.management import call_command
     from django.db import connection
 
-    from memory import services
-    from memory.journal import export_journal, import_journal
+    from memory import accounts
+    from memory.journal_export import export_journal
+    from memory.journal_import import import_journal
 
     call_command("migrate", verbosity=0)
     stamp = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
@@ -81,7 +82,7 @@ def run(path: Path, database: str, repeat: int, report: Path) -> int:
     runs = []
     workspace = None
     for i in range(1, repeat + 1):
-        workspace = services.workspace_create(slug=f"bench-{stamp}-{i}")
+        workspace = accounts.workspace_create(slug=f"bench-{stamp}-{i}")
         start = time.perf_counter()
         counts = import_journal(workspace=workspace, path=path)
         seconds = time.perf_counter() - start

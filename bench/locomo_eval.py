@@ -301,7 +301,7 @@ def search_ids(store: Store, query: str) -> list[int]:
 
 
 def feed_session(store: Store, conv: Conversation, session: Session) -> None:
-    from memory import services
+    from memory import entry_signals, new_entries
     from memory.errors import ServiceError
     from memory.search import Q_MAX
 
@@ -309,7 +309,7 @@ def feed_session(store: Store, conv: Conversation, session: Session) -> None:
     query = or_query((t.text for t in session.turns[:RETRIEVAL_TURNS]), Q_MAX)
     for entry_id in search_ids(store, query):
         try:
-            services.entry_record_access(
+            entry_signals.entry_record_access(
                 workspace=store.workspace, entry_id=entry_id, actor=ACTOR, dispatch=True, now=at
             )
             store.accesses += 1
@@ -317,7 +317,7 @@ def feed_session(store: Store, conv: Conversation, session: Session) -> None:
             pass
     key = f"{conv.id}-session-{session.number}"
     for turn in session.turns:
-        entry = services.entry_create(
+        entry = new_entries.entry_create(
             workspace=store.workspace,
             content=turn.content,
             actor=ACTOR,
@@ -334,7 +334,7 @@ def feed_session(store: Store, conv: Conversation, session: Session) -> None:
         consolidated.append((session.summary, tuple(t.dia_id for t in session.turns), True))
     for text, evidence, is_summary in consolidated:
         drawn_from = tuple(d for d in evidence if d in store.turn_ids)
-        entry = services.entry_create(
+        entry = new_entries.entry_create(
             workspace=store.workspace,
             content=text,
             actor=ACTOR,
@@ -369,7 +369,8 @@ def maintain(store: Store, at: datetime) -> None:
 
 def measure(store: Store, conv: Conversation) -> dict[str, Any]:
     """The state of one store now (storage, evidence, coverage, hit@10 per category)."""
-    from memory.models import Entry, Status
+    from memory.models import Entry
+    from memory.models.choices import Status
 
     ids = list(store.turn_ids.values()) + list(store.covers)
     status = dict(Entry.objects.filter(pk__in=ids).values_list("pk", "status"))
@@ -443,13 +444,13 @@ def evaluate(
 ) -> dict[str, Any]:
     """Feed one conversation into its three workspaces on the simulated clock; measure at each
     checkpoint. ``policy`` changes settings of the defaults (the report prints them)."""
-    from memory import services
+    from memory import accounts
     from memory.policy_model import MaintenancePolicy
 
     stores = {
         v: Store(
             v,
-            services.workspace_create(
+            accounts.workspace_create(
                 slug=f"{conv.id}-{v}", review_mode="propose" if v == "proposed" else "apply"
             ),
         )

@@ -435,11 +435,11 @@ def op_api_load(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
 
     from django.test import Client
 
-    from memory import services
+    from memory import accounts
     from memory.models import Entry
 
     stop = Path(arg)
-    _, raw = services.api_key_create(workspace=ws, name="bench api load", role="agent")
+    _, raw = accounts.api_key_create(workspace=ws, name="bench api load", role="agent")
     client = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
     pool = list(
         Entry.objects.filter(workspace=ws, is_latest=True, status="active").values_list("pk", flat=True)[

@@ -259,12 +259,12 @@ def run(args: argparse.Namespace) -> int:
     import datagen
     from django.db import connection
 
-    from memory import services
+    from memory import accounts
     from memory.models import Workspace
 
     gen = datagen.ensure(args.entries, seed=args.seed, regenerate=args.regenerate)
     ws = Workspace.objects.get(pk=gen.workspace_id)
-    _key, raw_key = services.api_key_create(
+    _key, raw_key = accounts.api_key_create(
         workspace=ws, name=f"bench mcp {started:%Y-%m-%d %H:%M}", role="agent"
     )
     with connection.cursor() as c:

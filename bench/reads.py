@@ -111,9 +111,9 @@ def measure(ws: Any, n: int, args: argparse.Namespace) -> dict[str, Any]:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    from memory import selectors, services
+    from memory import accounts, selectors
 
-    _, raw = services.api_key_create(
+    _, raw = accounts.api_key_create(
         workspace=ws, name=f"bench reads {datetime.now(UTC):%H:%M:%S}", role="agent"
     )
     client = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")

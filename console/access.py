@@ -23,9 +23,10 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.http import require_POST
 
+from memory.accounts import actor_for_user
 from memory.auth import ROLE_LEVEL
-from memory.models import Membership, Role, Workspace
-from memory.services import actor_for_user
+from memory.models import Membership, Workspace
+from memory.models.choices import Role
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from memory import events
 from memory.events import workspace_group
-from memory.models import Membership, Role, Workspace
+from memory.models import Membership, Workspace
+from memory.models.choices import Role
 
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404

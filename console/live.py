@@ -71,7 +71,8 @@ from console.selectors_maintenance import open_review
 from maintenance.models import MaintenanceRun, ProposalAction
 from memory.capped import capped_counts
 from memory.events import deliver, deliver_aside
-from memory.models import Status, Workspace
+from memory.models import Workspace
+from memory.models.choices import Status
 from memory.selectors import status_counts
 
 if TYPE_CHECKING:

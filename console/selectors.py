@@ -34,16 +34,8 @@ from maintenance.schedules import SCHEDULES
 from maintenance.tasks import RunHistory, due_at, policy_of, run_history
 from memory import scoring, selectors
 from memory.errors import NotFound
-from memory.models import (
-    CodeAnchor,
-    Entry,
-    EntryAccess,
-    LifecycleEvent,
-    Relationship,
-    Status,
-    Tombstone,
-    Workspace,
-)
+from memory.models import CodeAnchor, Entry, EntryAccess, LifecycleEvent, Relationship, Tombstone, Workspace
+from memory.models.choices import Status
 from memory.policy_model import MaintenancePolicy
 from memory.scoring_db import relationship_count_expr
 

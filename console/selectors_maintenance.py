@@ -54,7 +54,9 @@ from maintenance.selectors import (
     tombstone_list,
 )
 from memory import capped, holds
-from memory.models import ID_MAX, Entry, LifecycleEvent, Status, Tombstone, Workspace, held
+from memory.models import Entry, LifecycleEvent, Tombstone, Workspace
+from memory.models.choices import ID_MAX, Status
+from memory.models.entries import held
 from memory.policy_model import MaintenancePolicy
 
 REVIEW_TABS = ("pending", "hygiene", "automatic", "tombstones", "disputes")

@@ -29,9 +29,9 @@ from maintenance.models import MaintenanceRun, RunKind, RunTrigger
 from maintenance.runs import run_maintenance, runs_inline
 from maintenance.selectors import run_get
 from maintenance.tasks import submit_run
-from memory import services
+from memory import entry_changes
 from memory.errors import NotFound, ServiceError, Unavailable
-from memory.models import ID_MAX, LISTED_STATUSES, EntryType, Status, Tier, TombstoneReason
+from memory.models.choices import ID_MAX, LISTED_STATUSES, EntryType, Status, Tier, TombstoneReason
 from memory.selectors import ENTRY_SORTS, workspace_summaries
 
 
@@ -217,7 +217,7 @@ def entry(request: HttpRequest, console: Console, entry_id: int) -> HttpResponse
 
 
 def _pin(pinned: bool) -> Callable[[Console, int], Any]:
-    return lambda console, entry_id: services.entry_set_pinned(
+    return lambda console, entry_id: entry_changes.entry_set_pinned(
         workspace=console.workspace, entry_id=entry_id, pinned=pinned, actor=console.actor
     )
 
@@ -225,13 +225,13 @@ def _pin(pinned: bool) -> Callable[[Console, int], Any]:
 ENTRY_ACTIONS: dict[str, Callable[[Console, int], Any]] = {
     "pin": _pin(True),
     "unpin": _pin(False),
-    "restore": lambda console, entry_id: services.entry_restore(
+    "restore": lambda console, entry_id: entry_changes.entry_restore(
         workspace=console.workspace, entry_id=entry_id, actor=console.actor
     ),
-    "release": lambda console, entry_id: services.entry_release(
+    "release": lambda console, entry_id: entry_changes.entry_release(
         workspace=console.workspace, entry_id=entry_id, actor=console.actor
     ),
-    "tombstone": lambda console, entry_id: services.entry_tombstone(
+    "tombstone": lambda console, entry_id: entry_changes.entry_tombstone(
         workspace=console.workspace, entry_id=entry_id, reason=TombstoneReason.MANUAL, actor=console.actor
     ),
 }

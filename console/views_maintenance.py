@@ -54,9 +54,9 @@ from console.selectors_maintenance import (
 from maintenance import contradictions, hygiene, proposals, revert
 from maintenance.models import DisputeStatus, Resolution, RunKind, RunStatus
 from maintenance.selectors import folded_summary, hygiene_reason_codes, hygiene_rows, run_days, run_list
-from memory import services
+from memory import entry_changes
 from memory.errors import Conflict, InvalidInput, NotFound, ServiceError
-from memory.models import ID_MAX, TombstoneReason
+from memory.models.choices import ID_MAX, TombstoneReason
 
 PER_PAGE = 25
 NOTICE_HEADER = "X-Console-Notice"
@@ -430,7 +430,7 @@ def release_holds(request: HttpRequest, console: Console) -> HttpResponse:
     done: list[int] = []
     for entry_id in ids:
         try:
-            services.entry_release(workspace=console.workspace, entry_id=entry_id, actor=console.actor)
+            entry_changes.entry_release(workspace=console.workspace, entry_id=entry_id, actor=console.actor)
         except ServiceError:
             continue  # not held (released meanwhile), or not this workspace's entry
         done.append(entry_id)
@@ -486,7 +486,7 @@ def restore_tombstones(request: HttpRequest, console: Console) -> HttpResponse:
     done: list[int] = []
     for entry_id in tombstoned_entry_ids(console.workspace, ids):
         try:
-            services.entry_restore(workspace=console.workspace, entry_id=entry_id, actor=console.actor)
+            entry_changes.entry_restore(workspace=console.workspace, entry_id=entry_id, actor=console.actor)
         except ServiceError:
             continue  # changed meanwhile (a new version, or restored by someone else): skipped
         done.append(entry_id)

@@ -29,9 +29,10 @@ from django.views.decorators.http import require_POST
 
 from console.access import Console, workspace_page
 from console.settings_help import GROUPS, HELP, range_text, unit
-from memory import services
+from memory import accounts
 from memory.errors import NotFound, ServiceError
-from memory.models import ID_MAX, ApiKey, KeyRole, Role
+from memory.models import ApiKey
+from memory.models.choices import ID_MAX, KeyRole, Role
 from memory.policy import APPLY, LIMITS, PROPOSE, clean_tags
 from memory.policy_model import POLICY_FIELDS, MaintenancePolicy
 
@@ -211,7 +212,7 @@ def settings_keys(request: HttpRequest, console: Console) -> HttpResponse:
         if not form.is_valid():
             return _render(request, console, key_form=form, status=422)
         try:
-            key, raw = services.api_key_create(
+            key, raw = accounts.api_key_create(
                 workspace=console.workspace,
                 name=form.cleaned_data["name"],
                 role=form.cleaned_data["role"],
@@ -226,7 +227,7 @@ def settings_keys(request: HttpRequest, console: Console) -> HttpResponse:
         if not raw_id.isdigit() or int(raw_id) > ID_MAX:
             raise Http404("no such key")
         try:
-            key = services.api_key_revoke(workspace=console.workspace, key_id=int(raw_id))
+            key = accounts.api_key_revoke(workspace=console.workspace, key_id=int(raw_id))
         except NotFound as exc:
             raise Http404(exc.detail) from None
         messages.success(request, f"Key {key.prefix}… ({key.name}) is revoked.")

@@ -26,7 +26,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from memory.errors import InvalidInput
-from memory.models import AnchorStatus, CodeAnchor, Workspace
+from memory.models import CodeAnchor, Workspace
+from memory.models.choices import AnchorStatus
 from memory.policy_model import MaintenancePolicy
 from memory.scoring_db import refresh_scores
 

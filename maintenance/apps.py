@@ -11,10 +11,10 @@ class MaintenanceConfig(AppConfig):
         # Only connects: no database work at import or here (the tables may not exist yet).
         from maintenance import contradictions
         from maintenance.signals import sync_schedules_after_migrate
-        from memory import services
+        from memory import writes
 
         # A rule written through any door is checked for contradictions before it returns.
-        services.install_write_check(contradictions)
+        writes.install_write_check(contradictions)
 
         post_migrate.connect(
             sync_schedules_after_migrate, sender=self, dispatch_uid="maintenance.sync_schedules"

@@ -42,19 +42,10 @@ from maintenance.passes import (
     unprotected,
 )
 from maintenance.plan_status import status_in
-from memory.models import (
-    CONTENT_MAX,
-    TITLE_MAX,
-    Entry,
-    EntryType,
-    LifecycleEvent,
-    Relationship,
-    RelationshipType,
-    Source,
-    Status,
-)
+from memory.models import Entry, LifecycleEvent, Relationship
+from memory.models.choices import CONTENT_MAX, TITLE_MAX, EntryType, RelationshipType, Source, Status
 from memory.scoring_db import refresh_scores
-from memory.services import content_hash
+from memory.write_input import content_hash
 
 FRAGMENT_TYPES = (EntryType.TEST_ENTRY, EntryType.DEVELOPMENT_NOTE)
 LINE_MAX = 240  # characters of a fragment's first line kept in the digest

@@ -102,20 +102,19 @@ from maintenance.models import Dispute, DisputeStatus, Resolution
 from maintenance.passes import PassResult, RunContext
 from maintenance.plan_status import status_in
 from maintenance.text import content_words, words
-from memory import holds, lifecycle, services
+from memory import holds, lifecycle, relationships
 from memory.errors import Conflict, InvalidInput, NotFound
-from memory.models import (
+from memory.models import Entry, Workspace
+from memory.models.choices import (
     ID_MAX,
     LISTED_STATUSES,
     VISIBLE_STATUSES,
-    Entry,
     EntryType,
     HoldReason,
     RelationshipType,
     Source,
     Status,
     Tier,
-    Workspace,
 )
 from memory.scoring_db import refresh_scores
 
@@ -557,7 +556,7 @@ def resolve(
             loser = b if winner is a else a
             alive = LISTED_STATUSES
             if resolution == Resolution.SUPERSEDE and _current(winner, alive) and _current(loser, alive):
-                link, _ = services.relationship_create(
+                link, _ = relationships.relationship_create(
                     workspace=workspace,
                     from_id=winner.pk,
                     to_id=loser.pk,
@@ -589,7 +588,7 @@ def resolve(
         dispute.resolved_at = now
         dispute.save(update_fields=["status", "resolution", "resolved_by", "resolved_at"])
         if archived:
-            refresh_scores(workspace, now=now, ids=[*archived, *services.neighbour_ids(archived)])
+            refresh_scores(workspace, now=now, ids=[*archived, *relationships.neighbour_ids(archived)])
     return {
         "dispute": Dispute.objects.select_related("entry_a", "entry_b").get(pk=dispute.pk),
         "archived": archived,

@@ -100,19 +100,13 @@ from maintenance.plan_status import status_in
 from maintenance.text import content_words, normalise
 from memory import holds, lifecycle
 from memory.capped import capped_count
-from memory.models import (
-    LIVE_STATUSES,
-    Entry,
-    HoldReason,
-    Source,
-    Status,
-    Workspace,
-    protected,
-)
+from memory.models import Entry, Workspace
+from memory.models.choices import LIVE_STATUSES, HoldReason, Source, Status
+from memory.models.entries import protected
 from memory.policy import SOURCE_PATH, PolicyValues
 from memory.policy_model import MaintenancePolicy
+from memory.relationships import neighbour_ids
 from memory.scoring_db import refresh_scores
-from memory.services import neighbour_ids
 
 MIN_CONTENT_WORDS = 9
 # Points of each reason: the detectors below and the SQL score of ``_scored`` read them here.

@@ -23,25 +23,17 @@ from django.db.models.functions import Coalesce, Least
 from maintenance import plan_status
 from maintenance.plan_status import status_in
 from memory import lifecycle
-from memory.models import (
+from memory.models import Entry, EntryAccess, LifecycleEvent, Relationship, Tag, Tombstone, Workspace
+from memory.models.choices import (
     LISTED_STATUSES,
-    Entry,
-    EntryAccess,
     EntryType,
-    LifecycleEvent,
-    Relationship,
     RelationshipType,
     StagedClass,
     Status,
-    Tag,
     Tier,
-    Tombstone,
     TombstoneReason,
-    Workspace,
-    held,
-    protected,
-    stored_retention,
 )
+from memory.models.entries import held, protected, stored_retention
 from memory.policy import PolicyValues
 from memory.scoring_db import counted_end, plan_scores, refresh_scores
 
@@ -148,7 +140,7 @@ def held_only(qs: QuerySet[Entry], ctx: RunContext, *, honour_pin: bool = True) 
 def unprotected(
     qs: QuerySet[Entry], ctx: RunContext, *, honour_pin: bool = True, note_held: bool = True
 ) -> QuerySet[Entry]:
-    """``qs`` without the entries the one protection rule (``memory.models.protected``) keeps
+    """``qs`` without the entries the one protection rule (``memory.models.entries.protected``) keeps
     from automation. The held entries the pass would otherwise have changed are noted on the
     context (``held_skipped``): an operator sees that automation wanted them. ``note_held=False``
     for a pass that decides more after this filter and notes them itself."""

@@ -27,7 +27,8 @@ from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 
 from memory import rawsql
-from memory.models import Entry, Status
+from memory.models import Entry
+from memory.models.choices import Status
 
 TABLE = "maintenance_planstatus"
 CHUNK = 2000

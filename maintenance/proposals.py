@@ -31,21 +31,12 @@ from maintenance.models import MaintenanceRun, Proposal, ProposalAction, Proposa
 from maintenance.passes import PassResult, RunContext
 from memory import holds, lifecycle
 from memory.errors import Conflict, InvalidInput
-from memory.models import (
-    ID_MAX,
-    MANAGED_SOURCES,
-    Entry,
-    HoldReason,
-    LifecycleEvent,
-    Status,
-    Tier,
-    Workspace,
-    protected,
-    stored_retention,
-)
+from memory.models import Entry, LifecycleEvent, Workspace
+from memory.models.choices import ID_MAX, MANAGED_SOURCES, HoldReason, Status, Tier
+from memory.models.entries import protected, stored_retention
 from memory.policy import PolicyValues
+from memory.relationships import neighbour_ids
 from memory.scoring_db import refresh_scores
-from memory.services import neighbour_ids
 
 if TYPE_CHECKING:
     from maintenance.runs import Outcome

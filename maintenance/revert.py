@@ -21,9 +21,10 @@ from django.utils import timezone
 from maintenance.models import MaintenanceRun
 from memory import holds, lifecycle
 from memory.errors import NotFound
-from memory.models import Entry, HoldReason, LifecycleEvent, Relationship, Status, Workspace
+from memory.models import Entry, LifecycleEvent, Relationship, Workspace
+from memory.models.choices import HoldReason, Status
+from memory.relationships import link_partners
 from memory.scoring_db import refresh_scores
-from memory.services import link_partners
 
 REVERTIBLE_TO = (Status.ARCHIVED, Status.TOMBSTONED, Status.STALE)
 RUN_REVERT_TO = (Status.ARCHIVED, Status.TOMBSTONED)

@@ -50,7 +50,8 @@ from maintenance.models import MaintenanceRun, RunKind, RunStatus
 from maintenance.passes import LeaseLost, PassResult, RunContext
 from maintenance.signals import announce_run
 from memory import lifecycle, scoring_db
-from memory.models import LISTED_STATUSES, Entry, Workspace
+from memory.models import Entry, Workspace
+from memory.models.choices import LISTED_STATUSES
 from memory.policy import PolicyValues, clamp_value, clean_tags
 from memory.policy_model import MaintenancePolicy
 

@@ -13,17 +13,8 @@ from django.db.models.functions import Substr
 from maintenance import hygiene
 from maintenance.models import Backup, Dispute, DisputeStatus, MaintenanceRun, RunDaySummary, RunKind
 from memory.errors import NotFound
-from memory.models import (
-    AnchorStatus,
-    CodeAnchor,
-    Entry,
-    LifecycleEvent,
-    Relationship,
-    Status,
-    Tag,
-    Tombstone,
-    Workspace,
-)
+from memory.models import CodeAnchor, Entry, LifecycleEvent, Relationship, Tag, Tombstone, Workspace
+from memory.models.choices import AnchorStatus, Status
 from memory.policy_model import MaintenancePolicy
 from memory.selectors import status_counts
 

@@ -1,6 +1,7 @@
-"""The Django admin, for superusers and staff. Every status change goes through memory.services
-(the same functions the API and the console call), so each one is recorded as a LifecycleEvent
-and rescored; nothing here writes a status, a version or a key secret directly."""
+"""The Django admin, for superusers and staff. Every status change goes through the write
+modules (memory.entry_changes, memory.accounts: the same functions the API and the console
+call), so each one is recorded as a LifecycleEvent and rescored; nothing here writes a status,
+a version or a key secret directly."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from memory import services
+from memory import accounts, entry_changes
 from memory.errors import ServiceError
 from memory.models import (
     ApiKey,
@@ -47,7 +48,7 @@ def _run_per_row(
     A row the service refuses (already tombstoned, an old version, nothing to restore) is
     skipped and reported; the others still go through. One page of skips is a message, not an
     error page."""
-    actor = services.actor_for_user(request.user)
+    actor = accounts.actor_for_user(request.user)
     done = 0
     skipped: list[str] = []
     for row in rows:
@@ -112,7 +113,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             self,
             request,
             queryset.select_related("workspace").order_by("pk"),
-            lambda key, actor: services.api_key_revoke(workspace=key.workspace, key_id=key.pk),
+            lambda key, actor: accounts.api_key_revoke(workspace=key.workspace, key_id=key.pk),
             "Revoked keys:",
         )
 
@@ -208,7 +209,7 @@ class EntryAdmin(admin.ModelAdmin):
         self._each(
             request,
             queryset,
-            lambda e, actor: services.entry_set_status(
+            lambda e, actor: entry_changes.entry_set_status(
                 workspace=e.workspace, entry_id=e.pk, status="archived", reason="manual", actor=actor
             ),
             "Archived entries:",
@@ -219,7 +220,7 @@ class EntryAdmin(admin.ModelAdmin):
         self._each(
             request,
             queryset,
-            lambda e, actor: services.entry_restore(workspace=e.workspace, entry_id=e.pk, actor=actor),
+            lambda e, actor: entry_changes.entry_restore(workspace=e.workspace, entry_id=e.pk, actor=actor),
             "Restored entries:",
         )
 
@@ -228,7 +229,7 @@ class EntryAdmin(admin.ModelAdmin):
         self._each(
             request,
             queryset,
-            lambda e, actor: services.entry_set_pinned(
+            lambda e, actor: entry_changes.entry_set_pinned(
                 workspace=e.workspace, entry_id=e.pk, pinned=True, actor=actor
             ),
             "Pinned entries:",
@@ -239,7 +240,7 @@ class EntryAdmin(admin.ModelAdmin):
         self._each(
             request,
             queryset,
-            lambda e, actor: services.entry_set_pinned(
+            lambda e, actor: entry_changes.entry_set_pinned(
                 workspace=e.workspace, entry_id=e.pk, pinned=False, actor=actor
             ),
             "Unpinned entries:",
@@ -250,7 +251,7 @@ class EntryAdmin(admin.ModelAdmin):
         self._each(
             request,
             queryset,
-            lambda e, actor: services.entry_tombstone(
+            lambda e, actor: entry_changes.entry_tombstone(
                 workspace=e.workspace, entry_id=e.pk, reason="manual", actor=actor
             ),
             "Tombstoned entries:",

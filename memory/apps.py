@@ -8,7 +8,7 @@ def _ensure_search_index(sender: AppConfig, using: str = "default", **kwargs: An
     # SQLite rebuilds memory_entry for many schema changes, dropping the FTS triggers with it.
     from django.db import connections
 
-    from memory.search import ensure_sqlite_index
+    from memory.search_index import ensure_sqlite_index
 
     ensure_sqlite_index(connections[using])
 

@@ -34,11 +34,12 @@ from ninja.security import HttpBearer
 from ninja.security.session import SessionAuth
 
 from memory import rawsql
+from memory.accounts import actor_for_key, actor_for_user, hash_key
 from memory.errors import Forbidden, ServiceError
-from memory.models import ApiKey, Membership, Role, Workspace
+from memory.models import ApiKey, Membership, Workspace
+from memory.models.choices import Role
 from memory.policy import PolicyValues
 from memory.policy_model import MaintenancePolicy
-from memory.services import actor_for_key, actor_for_user, hash_key
 
 ROLE_LEVEL = {"viewer": 0, "agent": 1, "operator": 2, "admin": 3}
 LAST_USED_RESOLUTION = timedelta(seconds=60)  # write last_used_at at most once a minute per key
@@ -120,7 +121,7 @@ def _live_key_sql(vendor: str) -> str:
 
 def _live_key(secret_hash: str) -> ApiKey | None:
     """The unrevoked key with this hash, its workspace loaded, in one query. The workspace
-    carries its policy as read now (``memory.services.write_policy``: a write's scores need
+    carries its policy as read now (``memory.writes.write_policy``: a write's scores need
     it, and this request has just read it)."""
     with connection.cursor() as cursor:
         cursor.execute(_live_key_sql(connection.vendor), [secret_hash])

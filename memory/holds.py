@@ -1,7 +1,7 @@
 """Operator holds: an operator's corrective decision sticks.
 
 Restore, revert, a rejected proposal, a hygiene "keep" and a dispute resolved in an entry's
-favour put a hold on the entry; the one protection rule (``memory.models.protected``) keeps
+favour put a hold on the entry; the one protection rule (``memory.models.entries.protected``) keeps
 every automatic pass away from a held entry until an operator releases it, its content changes
 (a new version starts unheld) or ``operator_hold_days`` have passed. The entry's history says
 who decided, when and why: a restore or revert names the hold in its own event's details; a

@@ -54,7 +54,8 @@ from django.db import connection, transaction
 from django.db.models import Case, F, Model, Value, When
 
 from memory import rawsql
-from memory.models import Entry, LifecycleEvent, Status, Tombstone
+from memory.models import Entry, LifecycleEvent, Tombstone
+from memory.models.choices import Status
 from memory.signals import entries_changed
 
 log = logging.getLogger(__name__)

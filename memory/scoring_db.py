@@ -33,18 +33,8 @@ from django.db.models.expressions import Combinable
 from django.db.models.functions import Cast, Coalesce, Exp, Greatest, Least, Ln
 
 from memory import rawsql, scoring
-from memory.models import (
-    CAUSAL_TYPES,
-    LISTED_STATUSES,
-    AnchorStatus,
-    CodeAnchor,
-    Entry,
-    EntryAccess,
-    EntryScore,
-    Relationship,
-    Status,
-    Workspace,
-)
+from memory.models import CodeAnchor, Entry, EntryAccess, EntryScore, Relationship, Workspace
+from memory.models.choices import CAUSAL_TYPES, LISTED_STATUSES, AnchorStatus, Status
 from memory.policy_model import MaintenancePolicy
 from memory.scoring import DecayParams
 

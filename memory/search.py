@@ -1,19 +1,6 @@
 """Full-text search over a workspace's memories (``GET /search``), one behaviour on
 PostgreSQL and SQLite.
 
-The index lives in the database and is kept current by the database itself, so no write path
-can forget it (imports insert with raw ``executemany``, restores write raw SQL, sweeps update
-set-based): on PostgreSQL a stored generated ``tsvector`` column with a GIN index, on SQLite an
-external-content FTS5 table kept in sync by triggers. Both are created by migration
-``memory.0003_search`` and are not on the Django model, so the ORM never reads or writes them.
-
-Query syntax is web-search style, the same on both: words are ANDed, ``"quoted words"`` are a
-phrase, ``-word`` excludes, ``or`` between words is OR (AND binds tighter, as in
-PostgreSQL's ``websearch_to_tsquery``). The user's text is parsed here once and rendered for
-each backend from that parse, with every term quoted, so nothing a user types can reach the
-database as query syntax: no input raises. English stop words are ignored and words are
-stemmed ("caching" finds "cache") on both.
-
 Results are the latest versions with status active or stale (plus archived when asked for),
 never staged or tombstoned, of one workspace; ranked by text rank (title weighs more than
 content), then importance, then newest id. Snippets are plain text from the content with the
@@ -44,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -52,11 +38,13 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
-from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
 from memory.errors import InvalidInput
-from memory.models import Entry, Status, Workspace, count_index
+from memory.models import Entry, Workspace
+from memory.models.choices import Status
+from memory.models.entries import count_index
+from memory.search_query import ParsedQuery, parse_query
 
 Q_MAX = 500  # characters
 LIMIT_MAX = 500  # the bounds of every list page (api.schemas.PAGE_MAX, OFFSET_MAX)
@@ -69,27 +57,6 @@ CONTENT_WEIGHT = 5.0
 RANK_CAP = 100  # a broad query ranks this many of its most important matches
 BROAD_MIN = 2_000  # a query with at most this many matches is always ranked exactly
 WALK_RATIO = 2  # ranking a match costs about twice walking past an entry (PostgreSQL, measured)
-
-# PostgreSQL's english stop word list (tsearch_data/english.stop), applied on SQLite too so
-# that a query of only such words finds nothing on both backends instead of everything on one.
-_ENGLISH_STOP = """
-    i me my myself we our ours ourselves you your yours yourself yourselves he him his himself
-    she her hers herself it its itself they them their theirs themselves what which who whom
-    this that these those am is are was were be been being have has had having do does did
-    doing a an the and but if or because as until while of at by for with about against
-    between into through during before after above below to from up down in out on off over
-    under again further then once here there when where why how all any both each few more
-    most other some such no nor not only own same so than too very s t can will just don
-    should now
-"""
-STOP_WORDS = frozenset(_ENGLISH_STOP.split())
-
-# A quoted phrase (an unbalanced quote runs to the end), or a bare word; either may carry
-# leading dashes, which exclude it.
-_LEXEME = re.compile(r'(-*)"([^"]*)"?|([^\s"]+)')
-# Words as both tokenizers see them: letters and digits; everything else separates.
-_WORD = re.compile(r"[^\W_]+")
-_UNSAFE = re.compile(r"[\x00\ud800-\udfff]")  # NUL and lone surrogates: no driver takes them
 
 
 @dataclass(frozen=True)
@@ -119,77 +86,6 @@ class SearchResult:
 def broad_threshold(visible: int) -> int:
     """More matches than this make a query broad (see the module docstring)."""
     return max(BROAD_MIN, math.isqrt(RANK_CAP * max(visible, 0) // WALK_RATIO))
-
-
-@dataclass(frozen=True)
-class Term:
-    text: str  # as the user wrote it, without quotes or the excluding dash
-    words: tuple[str, ...]  # lower-cased, separators dropped
-    negated: bool
-
-    @property
-    def meaningful(self) -> bool:
-        return any(w not in STOP_WORDS for w in self.words)
-
-    def websearch(self) -> str:
-        # Inside quotes websearch_to_tsquery treats everything as words of one phrase, and the
-        # text has no quote of its own (the lexer ends a word at one). The user's own text
-        # rather than ``words`` so PostgreSQL's parser still sees paths, versions, hyphens.
-        return f'{"-" if self.negated else ""}"{self.text}"'
-
-    def fts5(self) -> str:
-        # Stop words at the edges of a phrase are dropped, as PostgreSQL drops them.
-        words = list(self.words)
-        while words and words[0] in STOP_WORDS:
-            words.pop(0)
-        while words and words[-1] in STOP_WORDS:
-            words.pop()
-        # Only letters, digits and spaces between the quotes: always a valid FTS5 string.
-        return '"' + " ".join(words) + '"'
-
-
-@dataclass(frozen=True)
-class ParsedQuery:
-    """An OR of AND-groups; each group has at least one term to find and any to exclude.
-
-    A group with only exclusions is dropped: it would match every entry that lacks the word,
-    and FTS5 cannot express it. No group left means nothing to search for.
-    """
-
-    groups: tuple[tuple[Term, ...], ...]
-
-    def websearch(self) -> str:
-        return " or ".join(" ".join(t.websearch() for t in group) for group in self.groups)
-
-    def fts5(self) -> str:
-        parts = []
-        for group in self.groups:
-            found = " AND ".join(t.fts5() for t in group if not t.negated)
-            excluded = "".join(f" NOT {t.fts5()}" for t in group if t.negated)
-            parts.append(f"(({found}){excluded})")
-        return " OR ".join(parts)
-
-
-def parse_query(q: str) -> ParsedQuery:
-    """Parse web-search syntax; never raises (validation of length is the caller's)."""
-    q = _UNSAFE.sub(" ", q)
-    groups: list[list[Term]] = [[]]
-    for match in _LEXEME.finditer(q):
-        dashes, phrase, word = match.groups()
-        if word is not None:
-            if word.lower() == "or":
-                if groups[-1]:
-                    groups.append([])
-                continue
-            stripped = word.lstrip("-")
-            negated, text = stripped != word, stripped
-        else:
-            negated, text = bool(dashes), phrase
-        term = Term(text=text, words=tuple(_WORD.findall(text.lower())), negated=negated)
-        if term.meaningful:
-            groups[-1].append(term)
-    kept = tuple(tuple(group) for group in groups if any(not t.negated for t in group))
-    return ParsedQuery(groups=kept)
 
 
 def search(
@@ -564,72 +460,3 @@ def _datetime(value: Any) -> datetime:
     if settings.USE_TZ and parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed
-
-
-# --- keeping the SQLite index attached ------------------------------------------------------
-
-# The triggers as migration memory.0003_search creates them. Django's SQLite schema editor
-# rebuilds a table for many ALTERs (copy to a new table, drop the old, rename), and dropping
-# memory_entry drops its triggers with it: the index would silently stop following writes.
-SQLITE_TRIGGERS = {
-    "memory_entry_fts_ai": """
-        CREATE TRIGGER IF NOT EXISTS memory_entry_fts_ai AFTER INSERT ON memory_entry BEGIN
-            INSERT INTO memory_entry_fts(rowid, title, content) VALUES (new.id, new.title, new.content);
-        END""",
-    "memory_entry_fts_ad": """
-        CREATE TRIGGER IF NOT EXISTS memory_entry_fts_ad AFTER DELETE ON memory_entry BEGIN
-            INSERT INTO memory_entry_fts(memory_entry_fts, rowid, title, content)
-            VALUES ('delete', old.id, old.title, old.content);
-        END""",
-    "memory_entry_fts_au": """
-        CREATE TRIGGER IF NOT EXISTS memory_entry_fts_au AFTER UPDATE OF title, content ON memory_entry
-        BEGIN
-            INSERT INTO memory_entry_fts(memory_entry_fts, rowid, title, content)
-            VALUES ('delete', old.id, old.title, old.content);
-            INSERT INTO memory_entry_fts(rowid, title, content) VALUES (new.id, new.title, new.content);
-        END""",
-}
-
-
-# The covering index of the search's filter columns (_SQLITE_MATCHES names it), SQLite only:
-# PostgreSQL reads them from its GIN-indexed rows, and every index there costs each non-HOT
-# update. Created by migration memory.0012_search_cover; not on the model, so a table rebuild
-# drops it like the triggers, and ensure_sqlite_index() re-creates it.
-SQLITE_COVER_INDEX = (
-    "CREATE INDEX IF NOT EXISTS entry_search_cover"
-    " ON memory_entry (id, workspace_id, is_latest, status, importance)"
-)
-
-
-def ensure_sqlite_index(conn: BaseDatabaseWrapper | None = None) -> bool:
-    """Re-create missing SQLite triggers and rebuild the index from the entries, and re-create
-    the covering index; True if it had to. Meant for ``post_migrate``, after any migration that
-    rebuilt memory_entry. A no-op on PostgreSQL (a generated column survives ALTER TABLE) and
-    before migration 0003 (0012 for the covering index)."""
-    conn = conn or connection
-    if conn.vendor != "sqlite":
-        return False
-    with conn.cursor() as cursor:
-        cursor.execute(
-            "SELECT type, name FROM sqlite_master WHERE name IN ('memory_entry_fts', 'entry_search_cover') "
-            "OR (type = 'trigger' AND tbl_name = 'memory_entry')"
-        )
-        present = {name for _, name in cursor.fetchall()}
-        if "memory_entry_fts" not in present:
-            return False
-        cover_missing = "entry_search_cover" not in present and _migrated(conn, "0012_search_cover")
-        if cover_missing:
-            cursor.execute(SQLITE_COVER_INDEX)
-        if set(SQLITE_TRIGGERS) <= present:
-            return cover_missing
-        for name, sql in SQLITE_TRIGGERS.items():
-            if name not in present:
-                cursor.execute(sql)
-        cursor.execute("INSERT INTO memory_entry_fts(memory_entry_fts) VALUES ('rebuild')")
-    return True
-
-
-def _migrated(conn: BaseDatabaseWrapper, name: str) -> bool:
-    from django.db.migrations.recorder import MigrationRecorder
-
-    return MigrationRecorder(conn).migration_qs.filter(app="memory", name=name).exists()

@@ -16,23 +16,18 @@ from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet, Sub
 from memory import rawsql, scoring
 from memory.errors import NotFound
 from memory.models import (
-    CAUSAL_TYPES,
-    LISTED_STATUSES,
     CodeAnchor,
     Entry,
     EntryAccess,
-    EntryQuerySet,
     LifecycleEvent,
     Membership,
     Relationship,
-    Status,
     Tag,
     Tombstone,
     Workspace,
-    count_index,
-    stored_retention,
-    visible_statuses,
 )
+from memory.models.choices import CAUSAL_TYPES, LISTED_STATUSES, Status
+from memory.models.entries import EntryQuerySet, count_index, stored_retention, visible_statuses
 
 # Lists count exactly up to this many rows; a larger total is counted once and cached for
 # COUNT_CACHE_SECONDS (counting 900,000 rows costs ~80 ms on every page otherwise).

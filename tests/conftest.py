@@ -2,7 +2,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from memory import services
+from memory import accounts
 from memory.models import Workspace
 
 
@@ -15,17 +15,17 @@ def now() -> datetime:
 def workspace(db) -> Workspace:
     # In apply review mode: most tests check what the passes themselves do. Propose mode, the
     # default of a new workspace, has its own tests (test_proposals.py) and fixture below.
-    return services.workspace_create(slug="acme", name="Acme", review_mode="apply")
+    return accounts.workspace_create(slug="acme", name="Acme", review_mode="apply")
 
 
 @pytest.fixture
 def other_workspace(db) -> Workspace:
-    return services.workspace_create(slug="globex", name="Globex", review_mode="apply")
+    return accounts.workspace_create(slug="globex", name="Globex", review_mode="apply")
 
 
 @pytest.fixture
 def propose_workspace(db) -> Workspace:
-    return services.workspace_create(slug="initech", name="Initech")
+    return accounts.workspace_create(slug="initech", name="Initech")
 
 
 @pytest.fixture(autouse=True)

@@ -273,7 +273,7 @@ def journal_lines(entries: int, now: datetime, seed: int) -> list[str]:
             "entry_type": rng.choice(["development_note", "observation", "technical_note"]),
             "tags": ["keep"] if rng.random() < 0.05 else [],
         }
-        # Every record names the same fields: journal._insert_rows takes its defaults from
+        # Every record names the same fields: journal_import._insert_rows takes its defaults from
         # the first row of a batch (KeyError on a batch that mixes present and absent fields).
         roll = rng.random()
         record["pinned"] = roll < 0.05
@@ -291,15 +291,17 @@ def _setup_django() -> None:
 
 
 def _seed(slug: str, entries: int, now: datetime, seed: int, review_mode: str | None) -> dict[str, Any]:
-    from memory import journal, services
+    from memory import accounts, journal_import
     from memory.policy_model import MaintenancePolicy
 
-    workspace = services.workspace_create(slug=slug, review_mode=review_mode)
+    workspace = accounts.workspace_create(slug=slug, review_mode=review_mode)
     policy = MaintenancePolicy.objects.get(workspace=workspace)
     for name, value in SEEDED_POLICY.items():
         setattr(policy, name, value)
     policy.save()
-    counts = journal.import_lines(workspace=workspace, lines=journal_lines(entries, now, seed), now=now)
+    counts = journal_import.import_lines(
+        workspace=workspace, lines=journal_lines(entries, now, seed), now=now
+    )
     return {"workspace": slug, "created": counts.created, "invalid": counts.invalid}
 
 
@@ -429,23 +431,23 @@ def _hosted_seed(count: int, entries: int, big: int, now: datetime) -> dict[str,
     from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
     from django.contrib.sessions.backends.db import SessionStore
 
-    from memory import journal, services
+    from memory import accounts, journal_import
     from memory.policy_model import MaintenancePolicy
 
     keys: dict[str, str] = {}
     for i in range(count):
         slug = f"hosted-{i:02d}"
-        workspace = services.workspace_create(slug=slug, review_mode="apply" if i % 2 == 0 else "propose")
+        workspace = accounts.workspace_create(slug=slug, review_mode="apply" if i % 2 == 0 else "propose")
         policy = MaintenancePolicy.objects.get(workspace=workspace)
         shortest = {"decay_interval_seconds": 60, "maintenance_interval_hours": 1}
         for name, value in {**SEEDED_POLICY, **shortest}.items():
             setattr(policy, name, value)
         policy.save()
         lines = journal_lines(big if i == 0 else entries, now, seed=i)
-        journal.import_lines(workspace=workspace, lines=lines, now=now)
-        keys[slug] = services.api_key_create(workspace=workspace, name="hosted test", role="operator")[1]
+        journal_import.import_lines(workspace=workspace, lines=lines, now=now)
+        keys[slug] = accounts.api_key_create(workspace=workspace, name="hosted test", role="operator")[1]
     user = get_user_model().objects.create_user("watcher", password=None)
-    services.membership_set(workspace=services.workspace_get("hosted-01"), user=user, role="viewer")
+    accounts.membership_set(workspace=accounts.workspace_get("hosted-01"), user=user, role="viewer")
     session = SessionStore()
     session[SESSION_KEY] = str(user.pk)
     session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
@@ -475,11 +477,11 @@ def _tick(every: float) -> int:
 
 
 def _api_key(slug: str, role: str) -> dict[str, Any]:
-    from memory import services
+    from memory import accounts
     from memory.models import Workspace
 
     workspace = Workspace.objects.get(slug=slug)
-    return {"key": services.api_key_create(workspace=workspace, name=f"{role} key", role=role)[1]}
+    return {"key": accounts.api_key_create(workspace=workspace, name=f"{role} key", role=role)[1]}
 
 
 def dump_workspace(slug: str) -> dict[str, Any]:

@@ -33,41 +33,43 @@ KEY_ROLES = {
 
 
 def seed(slug: str) -> dict[str, object]:
-    from memory import services
+    from memory import accounts, entry_changes, new_entries, relationships, writes
     from memory.models import CodeAnchor
 
-    workspace = services.workspace_create(slug=slug, name=slug.title(), review_mode="apply")
+    workspace = accounts.workspace_create(slug=slug, name=slug.title(), review_mode="apply")
     made = {}
     for name, text in [
         ("entry", f"{slug} caches are warmed before the deploy"),
         ("other_entry", f"{slug} retries use exponential backoff"),
         ("third", f"{slug} the index rebuild runs nightly"),
     ]:
-        made[name] = services.entry_create(
+        made[name] = new_entries.entry_create(
             workspace=workspace, title=f"{slug} {name}", content=text, tags=[slug, "seed"], project=slug
         ).pk
-    made["rule"] = services.entry_create(
+    made["rule"] = new_entries.entry_create(
         workspace=workspace,
         title=f"{slug} rule",
         content=f"{slug} never deploy on a Friday",
         tier="constitutional",
         entry_type="rule",
     ).pk
-    gone = services.entry_create(workspace=workspace, title=f"{slug} gone", content=f"{slug} forgotten words")
-    services.entry_tombstone(workspace=workspace, entry_id=gone.pk)
+    gone = new_entries.entry_create(
+        workspace=workspace, title=f"{slug} gone", content=f"{slug} forgotten words"
+    )
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk)
     made["tombstoned"] = gone.pk
-    link, _ = services.relationship_create(
+    link, _ = relationships.relationship_create(
         workspace=workspace, from_id=made["entry"], to_id=made["other_entry"]
     )
     made["relationship"] = link.pk
-    entry = services.entry_get(workspace=workspace, entry_id=made["entry"])
+    entry = writes.entry_get(workspace=workspace, entry_id=made["entry"])
     CodeAnchor.objects.create(workspace=workspace, entry=entry, repo=slug, path=f"{slug}.py")
     keys = {}
     for name, role in KEY_ROLES.items():
-        key, raw = services.api_key_create(workspace=workspace, role=role, name=f"mcp tests {name}")
+        key, raw = accounts.api_key_create(workspace=workspace, role=role, name=f"mcp tests {name}")
         keys[name] = raw
         if name == "revoked":
-            services.api_key_revoke(workspace=workspace, key_id=key.pk)
+            accounts.api_key_revoke(workspace=workspace, key_id=key.pk)
     return {"ids": made, "keys": keys}
 
 

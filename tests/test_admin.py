@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from maintenance.models import Backup, Dispute, MaintenanceLease, MaintenanceRun, Proposal, RunDaySummary
-from memory import services
+from memory import accounts, entry_changes, entry_signals, new_entries, relationships
 from memory.models import ApiKey, Entry, LifecycleEvent, Tombstone, Workspace
 
 pytestmark = pytest.mark.django_db
@@ -54,7 +54,7 @@ def entry_url() -> str:
 
 
 def make(workspace: Workspace, content: str, **fields: Any) -> Entry:
-    return services.entry_create(workspace=workspace, content=content, **fields)
+    return new_entries.entry_create(workspace=workspace, content=content, **fields)
 
 
 @pytest.fixture
@@ -68,13 +68,13 @@ def populate(ws: Workspace) -> None:
     """At least one row of every model of memory and maintenance in ``ws``."""
     first = make(ws, f"{ws.slug} uses postgres", title="db", tags=["infra"], anchors=[{"path": "db.py"}])
     second = make(ws, f"{ws.slug} deploys on fridays", tags=["ops"], anchors=[{"path": "ci.yml"}])
-    services.relationship_create(workspace=ws, from_id=second.pk, to_id=first.pk)
-    services.entry_record_access(workspace=ws, entry_id=first.pk, actor="agent-1")
+    relationships.relationship_create(workspace=ws, from_id=second.pk, to_id=first.pk)
+    entry_signals.entry_record_access(workspace=ws, entry_id=first.pk, actor="agent-1")
     gone = make(ws, f"{ws.slug} scratch note")
-    services.entry_tombstone(workspace=ws, entry_id=gone.pk, actor="user:root")
-    services.api_key_create(workspace=ws, name=f"{ws.slug} bot", role="agent")
+    entry_changes.entry_tombstone(workspace=ws, entry_id=gone.pk, actor="user:root")
+    accounts.api_key_create(workspace=ws, name=f"{ws.slug} bot", role="agent")
     user = User.objects.create_user(username=f"{ws.slug}-member")
-    services.membership_set(workspace=ws, user=user, role="viewer")
+    accounts.membership_set(workspace=ws, user=user, role="viewer")
     run = MaintenanceRun.objects.create(workspace=ws, kind="full", trigger="cli")
     MaintenanceLease.objects.create(workspace=ws, holder="worker-1", run=run)
     Dispute.objects.create(workspace=ws, entry_a=first, entry_b=second, detected_by="sweep")
@@ -143,7 +143,7 @@ def test_no_changelist_makes_a_query_per_row(client, superuser, populated, model
         assert client.get(url).status_code == 200
 
     for i in range(3):
-        populate(services.workspace_create(slug=f"extra-{i}"))
+        populate(accounts.workspace_create(slug=f"extra-{i}"))
     with CaptureQueriesContext(connection) as many:
         response = client.get(url)
     assert response.context["cl"].result_count >= 5
@@ -180,7 +180,7 @@ def test_archive_selected_archives_through_the_service(client, superuser, worksp
 def test_archive_skips_a_tombstoned_entry_and_archives_the_rest(client, superuser, workspace):
     live = make(workspace, "live")
     gone = make(workspace, "gone")
-    services.entry_tombstone(workspace=workspace, entry_id=gone.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk)
 
     response = post_action(client, "archive_selected", [live, gone])
 
@@ -207,9 +207,11 @@ def test_actions_work_on_each_entry_in_its_own_workspace(client, superuser, work
 
 def test_restore_selected_restores_and_skips_an_active_entry(client, superuser, workspace):
     archived = make(workspace, "archived")
-    services.entry_set_status(workspace=workspace, entry_id=archived.pk, status="archived", reason="manual")
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=archived.pk, status="archived", reason="manual"
+    )
     tombstoned = make(workspace, "tombstoned")
-    services.entry_tombstone(workspace=workspace, entry_id=tombstoned.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=tombstoned.pk)
     active = make(workspace, "active")
 
     response = post_action(client, "restore_selected", [archived, tombstoned, active])
@@ -254,9 +256,9 @@ def test_tombstone_selected_records_a_tombstone_with_a_future_purge(client, supe
 
 def test_tombstone_skips_old_versions_and_already_tombstoned_entries(client, superuser, workspace):
     old = make(workspace, "first words")
-    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="second words").entry
+    new = entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="second words").entry
     gone = make(workspace, "gone")
-    services.entry_tombstone(workspace=workspace, entry_id=gone.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk)
 
     response = post_action(client, "tombstone_selected", [old, gone])
 
@@ -279,9 +281,9 @@ def test_the_entry_admin_offers_no_bulk_hard_delete(client, superuser, workspace
 
 
 def test_revoke_selected_keys(client, superuser, workspace, other_workspace):
-    ours, _ = services.api_key_create(workspace=workspace, name="ours", role="agent")
-    theirs, _ = services.api_key_create(workspace=other_workspace, name="theirs", role="admin")
-    services.api_key_create(workspace=workspace, name="kept", role="agent")
+    ours, _ = accounts.api_key_create(workspace=workspace, name="ours", role="agent")
+    theirs, _ = accounts.api_key_create(workspace=other_workspace, name="theirs", role="admin")
+    accounts.api_key_create(workspace=workspace, name="kept", role="agent")
 
     response = post_action(client, "revoke_selected", [ours, theirs], url=changelist_url(ApiKey))
 
@@ -299,7 +301,7 @@ def test_api_keys_cannot_be_added_in_the_admin(client, superuser):
 
 
 def test_the_api_key_page_does_not_show_the_hash(client, superuser, workspace):
-    key, _ = services.api_key_create(workspace=workspace, name="bot", role="agent")
+    key, _ = accounts.api_key_create(workspace=workspace, name="bot", role="agent")
 
     response = client.get(reverse("admin:memory_apikey_change", args=[key.pk]))
 
@@ -309,7 +311,7 @@ def test_the_api_key_page_does_not_show_the_hash(client, superuser, workspace):
 
 def test_a_non_staff_member_is_sent_to_the_login_page(client, workspace):
     user = User.objects.create_user(username="member")
-    services.membership_set(workspace=workspace, user=user, role="admin")
+    accounts.membership_set(workspace=workspace, user=user, role="admin")
     client.force_login(user)
 
     for url in (reverse("admin:index"), entry_url()):

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from maintenance.anchors import check_anchor_files, check_anchors, normalise_path
-from memory import scoring, services
+from memory import new_entries, scoring
 from memory.errors import InvalidInput
 from memory.models import CodeAnchor, Entry
 
@@ -83,7 +83,7 @@ def repo(tmp_path):
 
 
 def anchored(workspace, now, path, commit, *, repo="", content_hash="", content=None):
-    return services.entry_create(
+    return new_entries.entry_create(
         workspace=workspace,
         content=content or f"A note about {path} that is long enough to matter",
         now=now,

@@ -16,17 +16,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from maintenance.models import Backup
-from memory import scoring, services
-from memory.models import (
-    CodeAnchor,
-    Entry,
-    EntryAccess,
-    LifecycleEvent,
-    Relationship,
-    Status,
-    Tag,
-    Tombstone,
-)
+from memory import accounts, entry_changes, entry_signals, new_entries, relationships, scoring
+from memory.models import CodeAnchor, Entry, EntryAccess, LifecycleEvent, Relationship, Tag, Tombstone
+from memory.models.choices import Status
 
 API = "/api/v1"
 CSRF_TOKEN = "csrftokencsrftokencsrftokencsrft"  # 32 characters, as Django makes them
@@ -72,25 +64,25 @@ class Caller:
 
 @pytest.fixture
 def agent(workspace) -> Caller:
-    _, raw = services.api_key_create(workspace=workspace, name="agent", role="agent")
+    _, raw = accounts.api_key_create(workspace=workspace, name="agent", role="agent")
     return Caller(raw)
 
 
 @pytest.fixture
 def operator(workspace) -> Caller:
-    _, raw = services.api_key_create(workspace=workspace, name="operator", role="operator")
+    _, raw = accounts.api_key_create(workspace=workspace, name="operator", role="operator")
     return Caller(raw)
 
 
 @pytest.fixture
 def stranger(other_workspace) -> Caller:
     """An admin key of another workspace."""
-    _, raw = services.api_key_create(workspace=other_workspace, name="stranger", role="admin")
+    _, raw = accounts.api_key_create(workspace=other_workspace, name="stranger", role="admin")
     return Caller(raw)
 
 
 def make(workspace, content: str = "Use the connection pool for every worker.", **fields: Any) -> Entry:
-    return services.entry_create(workspace=workspace, content=content, **fields)
+    return new_entries.entry_create(workspace=workspace, content=content, **fields)
 
 
 # --- create ---------------------------------------------------------------------------------------
@@ -151,8 +143,8 @@ def test_a_staged_class_creates_a_staged_trace(workspace, agent):
 
 def test_creating_without_a_key_or_with_a_revoked_key_is_unauthenticated(workspace):
     assert Caller(None).post("/entries", {"content": "x"}).status_code == 401
-    key, raw = services.api_key_create(workspace=workspace, name="old", role="agent")
-    services.api_key_revoke(workspace=workspace, key_id=key.pk)
+    key, raw = accounts.api_key_create(workspace=workspace, name="old", role="agent")
+    accounts.api_key_revoke(workspace=workspace, key_id=key.pk)
     response = Caller(raw).post("/entries", {"content": "x"})
     assert response.status_code == 401 and "detail" in response.body
     assert Caller("msk_not-a-key").get("/entries").status_code == 401
@@ -258,12 +250,14 @@ def test_the_list_shows_latest_visible_entries_by_importance(workspace, agent, n
     low = make(workspace, "Low.", impact_score=0.0)
     high = make(workspace, "High.", impact_score=1.0)
     archived = make(workspace, "Archived.")
-    services.entry_set_status(workspace=workspace, entry_id=archived.pk, status="archived", reason="manual")
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=archived.pk, status="archived", reason="manual"
+    )
     staged = make(workspace, "Staged.", staged_class="evidence")
     gone = make(workspace, "Gone.")
-    services.entry_tombstone(workspace=workspace, entry_id=gone.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk)
     old = make(workspace, "Old text.")
-    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="New text.").entry
+    new = entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="New text.").entry
 
     body = agent.get("/entries").body
     ids = [item["id"] for item in body["items"]]
@@ -370,16 +364,20 @@ def test_the_detail_breakdown_equals_the_scoring_functions(workspace, agent, now
             anchors=[{"path": "a.py", "status": "valid"}, {"path": "b.py", "status": "stale"}],
         )
         ends = [make(workspace, f"End {i}.") for i in range(4)]
-        services.relationship_create(workspace=workspace, from_id=entry.pk, to_id=ends[0].pk, type="caused")
-        services.relationship_create(workspace=workspace, from_id=ends[1].pk, to_id=entry.pk, type="resolved")
-        services.relationship_create(workspace=workspace, from_id=entry.pk, to_id=ends[2].pk)
-        pruned, _ = services.relationship_create(workspace=workspace, from_id=ends[3].pk, to_id=entry.pk)
+        relationships.relationship_create(
+            workspace=workspace, from_id=entry.pk, to_id=ends[0].pk, type="caused"
+        )
+        relationships.relationship_create(
+            workspace=workspace, from_id=ends[1].pk, to_id=entry.pk, type="resolved"
+        )
+        relationships.relationship_create(workspace=workspace, from_id=entry.pk, to_id=ends[2].pk)
+        pruned, _ = relationships.relationship_create(workspace=workspace, from_id=ends[3].pk, to_id=entry.pk)
         Relationship.objects.filter(pk=pruned.pk).update(pruned_at=now)
         gone = make(workspace, "Gone.")
-        services.relationship_create(workspace=workspace, from_id=entry.pk, to_id=gone.pk, type="caused")
-        services.entry_tombstone(workspace=workspace, entry_id=gone.pk)
-        services.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="a1")
-        services.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="a2")
+        relationships.relationship_create(workspace=workspace, from_id=entry.pk, to_id=gone.pk, type="caused")
+        entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk)
+        entry_signals.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="a1")
+        entry_signals.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="a2")
         created = Entry.objects.get(pk=entry.pk).created_at
 
     later = now + timedelta(days=10, hours=3)
@@ -437,8 +435,8 @@ def test_the_detail_costs_a_constant_number_of_queries(workspace, agent):
         agent.get(f"/entries/{entry.pk}")
     for i in range(10):
         other = make(workspace, f"Other {i}.")
-        services.relationship_create(workspace=workspace, from_id=entry.pk, to_id=other.pk)
-    services.entry_update(
+        relationships.relationship_create(workspace=workspace, from_id=entry.pk, to_id=other.pk)
+    entry_changes.entry_update(
         workspace=workspace, entry_id=entry.pk, anchors=[{"path": f"{i}.py"} for i in range(9)]
     )
     with CaptureQueriesContext(connection) as big:
@@ -449,18 +447,20 @@ def test_the_detail_costs_a_constant_number_of_queries(workspace, agent):
 
 def test_a_tombstoned_entry_is_not_found_but_an_archived_one_is(workspace, agent):
     archived = make(workspace, "Archived.")
-    services.entry_set_status(workspace=workspace, entry_id=archived.pk, status="archived", reason="manual")
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=archived.pk, status="archived", reason="manual"
+    )
     assert agent.get(f"/entries/{archived.pk}").body["status"] == "archived"
     old = make(workspace, "First.")
-    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="Second.").entry
-    services.entry_tombstone(workspace=workspace, entry_id=new.pk)
+    new = entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="Second.").entry
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=new.pk)
     assert agent.get(f"/entries/{new.pk}").status_code == 404
     assert agent.get(f"/entries/{old.pk}").status_code == 404  # its lineage is tombstoned
 
 
 def test_an_old_version_is_readable_by_its_id(workspace, agent):
     old = make(workspace, "First.")
-    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="Second.").entry
+    new = entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="Second.").entry
     body = agent.get(f"/entries/{old.pk}").body
     assert body["content"] == "First." and body["is_latest"] is False
     assert agent.get(f"/entries/{new.pk}").body["supersedes"] == old.pk
@@ -504,7 +504,7 @@ def test_another_workspaces_entry_answers_404_everywhere(workspace, other_worksp
     assert agent.post(f"/entries/{fid}/feedback", {"signal": "wrong"}).status_code == 404
     mine = make(workspace)
     assert agent.post("/relationships", {"from_id": mine.pk, "to_id": fid}).status_code == 404
-    foreign_link, _ = services.relationship_create(
+    foreign_link, _ = relationships.relationship_create(
         workspace=other_workspace, from_id=fid, to_id=make(other_workspace, "Other.").pk
     )
     assert agent.delete(f"/relationships/{foreign_link.pk}").status_code == 404
@@ -543,13 +543,13 @@ def test_patching_identical_content_changes_fields_in_place(workspace, agent):
 
 def test_patching_refuses_old_versions_tombstones_and_bad_fields(workspace, agent):
     old = make(workspace, "First.")
-    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="Second.").entry
+    new = entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="Second.").entry
     assert agent.patch(f"/entries/{old.pk}", {"title": "x"}).status_code == 409
     assert agent.patch(f"/entries/{new.pk}", {"staged_class": "evidence"}).status_code == 422
     assert agent.patch(f"/entries/{new.pk}", {"content": ""}).status_code == 422
     assert agent.patch(f"/entries/{new.pk}", {"entry_type": None}).status_code == 422
     assert agent.patch(f"/entries/{new.pk}", {"links": []}).status_code == 422
-    services.entry_tombstone(workspace=workspace, entry_id=new.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=new.pk)
     assert agent.patch(f"/entries/{new.pk}", {"title": "x"}).status_code == 409
 
 
@@ -580,7 +580,7 @@ def test_deleting_tombstones_the_entry_with_reason_api(workspace, agent):
 
 def test_purge_needs_the_operator_role(workspace, agent):
     entry = make(workspace)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk)
     assert agent.delete(f"/entries/{entry.pk}?purge=true").status_code == 403
     assert Entry.objects.filter(pk=entry.pk).exists()
 
@@ -597,10 +597,10 @@ def test_purge_writes_a_backup_then_removes_the_whole_lineage(workspace, operato
     settings.BACKUP_DIR = tmp_path
     first = make(workspace, "First.", tags=["x"], anchors=[{"path": "a.py"}])
     neighbour = make(workspace, "Neighbour.")
-    services.relationship_create(workspace=workspace, from_id=first.pk, to_id=neighbour.pk)
-    services.entry_record_access(workspace=workspace, entry_id=first.pk, actor="reader")
-    latest = services.entry_update(workspace=workspace, entry_id=first.pk, content="Second.").entry
-    services.entry_tombstone(workspace=workspace, entry_id=latest.pk)
+    relationships.relationship_create(workspace=workspace, from_id=first.pk, to_id=neighbour.pk)
+    entry_signals.entry_record_access(workspace=workspace, entry_id=first.pk, actor="reader")
+    latest = entry_changes.entry_update(workspace=workspace, entry_id=first.pk, content="Second.").entry
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=latest.pk)
     keep = make(workspace, "Kept.")
 
     response = operator.delete(f"/entries/{first.pk}?purge=true")  # any version's id will do
@@ -629,7 +629,7 @@ def test_a_failed_backup_purges_nothing(workspace, operator, settings, tmp_path)
     blocker.write_text("")
     settings.BACKUP_DIR = blocker
     entry = make(workspace)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk)
     response = operator.delete(f"/entries/{entry.pk}?purge=true")
     assert 400 <= response.status_code < 500 and "detail" in response.body
     assert Entry.objects.filter(pk=entry.pk).exists()
@@ -654,9 +654,9 @@ def test_versions_are_listed_oldest_first_from_any_version(workspace, agent, now
     with time_machine.travel(now, tick=False):
         v1 = make(workspace, "One.")
     with time_machine.travel(now + timedelta(minutes=1), tick=False):
-        v2 = services.entry_update(workspace=workspace, entry_id=v1.pk, content="Two.").entry
+        v2 = entry_changes.entry_update(workspace=workspace, entry_id=v1.pk, content="Two.").entry
     with time_machine.travel(now + timedelta(minutes=2), tick=False):
-        v3 = services.entry_update(workspace=workspace, entry_id=v2.pk, content="Three.").entry
+        v3 = entry_changes.entry_update(workspace=workspace, entry_id=v2.pk, content="Three.").entry
     body = agent.get(f"/entries/{v2.pk}/versions").body
     assert [i["id"] for i in body["items"]] == [v1.pk, v2.pk, v3.pk] and body["count"] == 3
     assert [i["is_latest"] for i in body["items"]] == [False, False, True]
@@ -668,7 +668,9 @@ def test_history_lists_the_lineages_events_newest_first(workspace, agent, operat
     with time_machine.travel(now, tick=False):
         entry = make(workspace, "Stale soon.")
     with time_machine.travel(now + timedelta(hours=1), tick=False):
-        services.entry_set_status(workspace=workspace, entry_id=entry.pk, status="archived", reason="manual")
+        entry_changes.entry_set_status(
+            workspace=workspace, entry_id=entry.pk, status="archived", reason="manual"
+        )
     with time_machine.travel(now + timedelta(hours=2), tick=False):
         operator.post(f"/entries/{entry.pk}/restore")
     with time_machine.travel(now + timedelta(hours=3), tick=False):
@@ -709,7 +711,7 @@ def test_recording_access_counts_readers_and_dispatches(workspace, agent):
         {"actor": "a", "x": 1},
     ):
         assert agent.post(f"/entries/{entry.pk}/access", bad).status_code == 422, bad
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk)
     assert agent.post(f"/entries/{entry.pk}/access", {"actor": "a"}).status_code == 409
 
 
@@ -759,7 +761,7 @@ def test_linking_twice_answers_duplicate_instead_of_a_second_link(workspace, age
 def test_bad_links_are_refused(workspace, agent):
     a = make(workspace, "A.")
     gone = make(workspace, "Gone.")
-    services.entry_tombstone(workspace=workspace, entry_id=gone.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk)
     assert agent.post("/relationships", {"from_id": a.pk, "to_id": a.pk}).status_code == 422
     assert agent.post("/relationships", {"from_id": a.pk, "to_id": 999_999}).status_code == 404
     assert agent.post("/relationships", {"from_id": a.pk, "to_id": gone.pk}).status_code == 409
@@ -771,7 +773,7 @@ def test_bad_links_are_refused(workspace, agent):
 
 def test_unlinking_deletes_the_link(workspace, agent):
     a, b = make(workspace, "A."), make(workspace, "B.")
-    rel, _ = services.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk)
+    rel, _ = relationships.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk)
     response = agent.delete(f"/relationships/{rel.pk}")
     assert response.status_code == 200 and response.body == {"deleted": True}
     assert not Relationship.objects.exists()
@@ -825,7 +827,7 @@ def test_bad_anchor_reports_are_refused_with_422(workspace, agent, body):
 
 def _member_session(workspace, role: str, *, csrf: bool = True) -> Caller:
     user = get_user_model().objects.create_user(username=f"{role}-user", password="pw")
-    services.membership_set(workspace=workspace, user=user, role=role)
+    accounts.membership_set(workspace=workspace, user=user, role=role)
     client = Client(enforce_csrf_checks=True)
     client.force_login(user)
     headers = {"HTTP_X_WORKSPACE": workspace.slug}
@@ -862,7 +864,7 @@ def test_a_session_needs_membership_of_the_named_workspace(workspace, other_work
 def test_an_operator_session_purges_with_a_backup(workspace, settings, tmp_path):
     settings.BACKUP_DIR = tmp_path
     entry = make(workspace)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=timezone.now())
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=timezone.now())
     operator = _member_session(workspace, "operator")
     response = operator.delete(f"/entries/{entry.pk}?purge=true")
     assert response.status_code == 200, response.body
@@ -883,7 +885,7 @@ def test_expires_at_is_stored_in_utc(workspace, agent):
 
 def test_a_page_past_the_end_is_empty_with_the_true_count(workspace, agent):
     for n in range(3):
-        services.entry_create(workspace=workspace, content=f"counted memory {n}")
+        new_entries.entry_create(workspace=workspace, content=f"counted memory {n}")
     for offset in (3, 10, 1000):
         body = agent.get(f"/entries?limit=2&offset={offset}").json()
         assert (body["items"], body["count"]) == ([], 3), offset
@@ -896,12 +898,12 @@ def test_a_list_counts_exactly_up_to_the_bound_then_serves_a_cached_count(worksp
 
     monkeypatch.setattr(selectors, "COUNT_EXACT_UP_TO", 3)
     for n in range(3):
-        services.entry_create(workspace=workspace, content=f"counted memory {n}")
+        new_entries.entry_create(workspace=workspace, content=f"counted memory {n}")
     cache.clear()
     assert agent.get("/entries?limit=2").json()["count"] == 3  # exact at the bound
-    services.entry_create(workspace=workspace, content="counted memory 3")
+    new_entries.entry_create(workspace=workspace, content="counted memory 3")
     assert agent.get("/entries?limit=2").json()["count"] == 4  # above it: counted, then cached
-    services.entry_create(workspace=workspace, content="counted memory 4")
+    new_entries.entry_create(workspace=workspace, content="counted memory 4")
     assert agent.get("/entries?limit=2").json()["count"] == 4  # the cached total, for a while
     assert agent.get("/entries?limit=1").json()["count"] == 4  # the page size is not the query
     # A page that is not full is the last one: its count is exact without counting.
@@ -964,16 +966,16 @@ def test_a_path_id_not_written_as_an_integer_is_refused(workspace, agent, raw, r
 
 def test_a_tombstoned_lineages_versions_are_not_found_but_its_history_is_kept(workspace, agent):
     old = make(workspace, "First.")
-    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="Second.").entry
+    new = entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="Second.").entry
     assert agent.get(f"/entries/{old.pk}/versions").body["count"] == 2
-    services.entry_tombstone(workspace=workspace, entry_id=new.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=new.pk)
     for version in (old, new):
         response = agent.get(f"/entries/{version.pk}/versions")
         assert response.status_code == 404 and "First." not in json.dumps(response.body)
     # The lifecycle events carry no content: the audit trail of why it went stays readable.
     history = agent.get(f"/entries/{old.pk}/history").body
     assert history["items"][0]["to_status"] == "tombstoned"
-    services.entry_restore(workspace=workspace, entry_id=new.pk)
+    entry_changes.entry_restore(workspace=workspace, entry_id=new.pk)
     assert agent.get(f"/entries/{old.pk}/versions").body["count"] == 2
 
 

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test import Client
 
 from config.middleware import RETRY_AFTER_SECONDS
-from memory import services
+from memory import accounts, new_entries
 
 DEBUG_MODES = pytest.mark.parametrize("debug", [True, False], ids=["debug", "production"])
 
@@ -34,14 +34,14 @@ def assert_json(response, status: int) -> dict:
 
 @pytest.fixture
 def agent(workspace) -> str:
-    return services.api_key_create(workspace=workspace, name="errors", role="agent")[1]
+    return accounts.api_key_create(workspace=workspace, name="errors", role="agent")[1]
 
 
 @DEBUG_MODES
 @pytest.mark.django_db
 def test_a_database_error_answers_500_json(workspace, agent, settings, debug):
     settings.DEBUG = debug
-    services.entry_create(workspace=workspace, content="a memory the list cannot read")
+    new_entries.entry_create(workspace=workspace, content="a memory the list cannot read")
     with connection.cursor() as cursor:  # undone with the test's transaction
         cursor.execute("ALTER TABLE memory_entry RENAME COLUMN content TO content_gone")
     body = assert_json(call("get", "/entries", agent), 500)
@@ -51,7 +51,7 @@ def test_a_database_error_answers_500_json(workspace, agent, settings, debug):
 @pytest.fixture
 def locked_entry(workspace):
     """An entry whose row another connection holds locked (for update) until the test ends."""
-    entry = services.entry_create(workspace=workspace, content="a memory someone else is writing")
+    entry = new_entries.entry_create(workspace=workspace, content="a memory someone else is writing")
     if connection.vendor == "postgresql":
         params = connection.get_connection_params()
         params.pop("context", None)

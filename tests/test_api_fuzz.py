@@ -41,7 +41,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from maintenance.models import Dispute, MaintenanceRun, Proposal
-from memory import services
+from memory import accounts, entry_changes, new_entries, relationships
 from memory.models import Entry
 
 # Real commits: Django's handler calls close_old_connections around every request, which on
@@ -73,13 +73,15 @@ SECONDS: dict[str, float] = {}
 def fuzz_world(settings, tmp_path) -> dict[str, Any]:
     settings.BACKUP_DIR = tmp_path
     settings.API_RATE_LIMIT_PER_MINUTE = 0  # a thousand requests a minute is the point here
-    workspace = services.workspace_create(slug="fuzz")
+    workspace = accounts.workspace_create(slug="fuzz")
     entries = [
-        services.entry_create(workspace=workspace, content=f"fuzz memory {i} about retries", tags=["t"])
+        new_entries.entry_create(workspace=workspace, content=f"fuzz memory {i} about retries", tags=["t"])
         for i in range(4)
     ]
-    services.entry_tombstone(workspace=workspace, entry_id=entries[3].pk)
-    link, _ = services.relationship_create(workspace=workspace, from_id=entries[0].pk, to_id=entries[1].pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entries[3].pk)
+    link, _ = relationships.relationship_create(
+        workspace=workspace, from_id=entries[0].pk, to_id=entries[1].pk
+    )
     run = MaintenanceRun.objects.create(workspace=workspace, kind="full", trigger="cli", status="succeeded")
     dispute = Dispute.objects.create(
         workspace=workspace, entry_a=entries[0], entry_b=entries[1], detected_by="sweep"
@@ -97,9 +99,9 @@ def fuzz_world(settings, tmp_path) -> dict[str, Any]:
             why="retention 0.10 < 0.20",
         )
     Entry.objects.filter(pk=entries[0].pk).update(held_at=timezone.now(), held_by="fuzz", hold_reason="keep")
-    other = services.workspace_create(slug="other")
-    services.entry_create(workspace=other, content="another workspace's memory")
-    _, key = services.api_key_create(workspace=workspace, name="fuzz", role="admin")
+    other = accounts.workspace_create(slug="other")
+    new_entries.entry_create(workspace=other, content="another workspace's memory")
+    _, key = accounts.api_key_create(workspace=workspace, name="fuzz", role="admin")
     return {
         "key": key,
         "ids": {

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from config.api import api
 from maintenance.models import Dispute, MaintenanceRun, Proposal
-from memory import services
+from memory import accounts, entry_changes, new_entries, relationships
 from memory.models import (
     CodeAnchor,
     Entry,
@@ -136,7 +136,7 @@ GUARDED = [op for op in OPERATIONS if MIN_ROLE.get(op) != "viewer"]
 
 
 def _make_entry(workspace: Workspace, text: str, **fields: Any) -> Entry:
-    return services.entry_create(
+    return new_entries.entry_create(
         workspace=workspace, title=f"{MARKER} {text}", content=f"{MARKER} {text} about caches", **fields
     )
 
@@ -148,8 +148,8 @@ def world(workspace, other_workspace, settings, tmp_path) -> dict[str, Any]:
     entry = _make_entry(workspace, "first", tags=[MARKER], project=MARKER)
     other = _make_entry(workspace, "second")
     gone = _make_entry(workspace, "third")
-    services.entry_tombstone(workspace=workspace, entry_id=gone.pk)
-    link, _ = services.relationship_create(workspace=workspace, from_id=entry.pk, to_id=other.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk)
+    link, _ = relationships.relationship_create(workspace=workspace, from_id=entry.pk, to_id=other.pk)
     CodeAnchor.objects.create(workspace=workspace, entry=entry, repo=MARKER, path=f"{MARKER}.py")
     run = MaintenanceRun.objects.create(workspace=workspace, kind="full", trigger="cli", status="succeeded")
     first, second = sorted([entry.pk, other.pk])
@@ -169,7 +169,7 @@ def world(workspace, other_workspace, settings, tmp_path) -> dict[str, Any]:
             why=f"retention 0.10 < 0.20 ({MARKER})",
         )
     Entry.objects.filter(pk=entry.pk).update(held_at=timezone.now(), held_by=MARKER, hold_reason="restore")
-    services.entry_create(workspace=other_workspace, content="globex knows nothing else")
+    new_entries.entry_create(workspace=other_workspace, content="globex knows nothing else")
     return {
         "workspace": workspace,
         "other_workspace": other_workspace,
@@ -286,15 +286,15 @@ class Caller:
 
 
 def key_caller(workspace: Workspace, role: str, *, revoked: bool = False) -> Caller:
-    key, raw = services.api_key_create(workspace=workspace, name=role, role=role)
+    key, raw = accounts.api_key_create(workspace=workspace, name=role, role=role)
     if revoked:
-        services.api_key_revoke(workspace=workspace, key_id=key.pk)
+        accounts.api_key_revoke(workspace=workspace, key_id=key.pk)
     return Caller(Client(), {"HTTP_AUTHORIZATION": f"Bearer {raw}"})
 
 
 def session_caller(workspace: Workspace, role: str) -> Caller:
     user = get_user_model().objects.create_user(username=f"{role}-{workspace.slug}", password="x")
-    services.membership_set(workspace=workspace, user=user, role=role)
+    accounts.membership_set(workspace=workspace, user=user, role=role)
     client = Client(enforce_csrf_checks=True)
     client.force_login(user)
     client.cookies["csrftoken"] = CSRF

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from maintenance.backups import write_backup
 from maintenance.models import Backup, Dispute, MaintenanceRun
-from memory import selectors, services
+from memory import accounts, entry_changes, new_entries, selectors
 from memory.models import Entry, LifecycleEvent
 
 pytestmark = pytest.mark.django_db
@@ -31,19 +31,21 @@ def get(path: str, secret: str) -> dict:
 
 def entries(workspace) -> str:
     for n in range(TOTAL):
-        services.entry_create(workspace=workspace, content=f"listed memory {n} about retry storms")
+        new_entries.entry_create(workspace=workspace, content=f"listed memory {n} about retry storms")
     return "/entries"
 
 
 def versions(workspace) -> str:
-    entry = services.entry_create(workspace=workspace, content="version 0 of a retry note")
+    entry = new_entries.entry_create(workspace=workspace, content="version 0 of a retry note")
     for n in range(1, TOTAL):
-        entry = services.entry_update(workspace=workspace, entry_id=entry.pk, content=f"version {n}").entry
+        entry = entry_changes.entry_update(
+            workspace=workspace, entry_id=entry.pk, content=f"version {n}"
+        ).entry
     return f"/entries/{entry.pk}/versions"
 
 
 def history(workspace) -> str:
-    entry = services.entry_create(workspace=workspace, content="a note with a history")
+    entry = new_entries.entry_create(workspace=workspace, content="a note with a history")
     LifecycleEvent.objects.filter(workspace=workspace).delete()
     LifecycleEvent.objects.bulk_create(
         LifecycleEvent(workspace=workspace, entry=entry, entry_ref=entry.pk, to_status="active", reason="t")
@@ -54,7 +56,7 @@ def history(workspace) -> str:
 
 def search(workspace) -> str:
     entries(workspace)
-    services.entry_create(workspace=workspace, content="an unrelated note about caching")
+    new_entries.entry_create(workspace=workspace, content="an unrelated note about caching")
     return "/search?q=retry"
 
 
@@ -69,13 +71,13 @@ def runs(workspace) -> str:
 
 def tombstones(workspace) -> str:
     for n in range(TOTAL):
-        entry = services.entry_create(workspace=workspace, content=f"a note to forget {n}")
-        services.entry_tombstone(workspace=workspace, entry_id=entry.pk)
+        entry = new_entries.entry_create(workspace=workspace, content=f"a note to forget {n}")
+        entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk)
     return "/tombstones"
 
 
 def backups(workspace) -> str:
-    services.entry_create(workspace=workspace, content="a note worth a backup")
+    new_entries.entry_create(workspace=workspace, content="a note worth a backup")
     for n in range(TOTAL):
         write_backup(workspace, now=timezone.now() - timedelta(hours=n))
     return "/backups"
@@ -83,14 +85,14 @@ def backups(workspace) -> str:
 
 def hygiene(workspace) -> str:
     for n in range(TOTAL):
-        services.entry_create(
+        new_entries.entry_create(
             workspace=workspace, content=f"wip {n}...", created_at=timezone.now() - timedelta(days=40)
         )
     return "/hygiene/preview"
 
 
 def disputes(workspace) -> str:
-    made = [services.entry_create(workspace=workspace, content=f"rule {n}") for n in range(TOTAL + 1)]
+    made = [new_entries.entry_create(workspace=workspace, content=f"rule {n}") for n in range(TOTAL + 1)]
     for a, b in itertools.pairwise(made):
         Dispute.objects.create(workspace=workspace, entry_a=a, entry_b=b, detected_by="sweep")
     return "/disputes"
@@ -115,7 +117,7 @@ def items(body: dict) -> list:
 
 @pytest.fixture
 def agent(workspace) -> str:
-    return services.api_key_create(workspace=workspace, name="lists", role="agent")[1]
+    return accounts.api_key_create(workspace=workspace, name="lists", role="agent")[1]
 
 
 def page_path(path: str, **query) -> str:
@@ -147,7 +149,8 @@ SHRINK: dict[str, Callable] = {
     "runs": lambda ws: MaintenanceRun.objects.filter(pk__in=_first_two(ws.runs)).delete(),
     "backups": lambda ws: Backup.objects.filter(pk__in=_first_two(ws.backups)).delete(),
     "tombstones": lambda ws: [
-        services.entry_restore(workspace=ws, entry_id=t.entry_id) for t in ws.tombstones.order_by("pk")[:2]
+        entry_changes.entry_restore(workspace=ws, entry_id=t.entry_id)
+        for t in ws.tombstones.order_by("pk")[:2]
     ],
 }
 

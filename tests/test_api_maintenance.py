@@ -15,7 +15,7 @@ from api.maintenance_schemas import CountsOut, PolicyIn, PolicyOut
 from maintenance.lease import acquire, new_holder
 from maintenance.models import Backup, MaintenanceRun
 from maintenance.runs import COUNT_KEYS, rows_done
-from memory import services
+from memory import accounts, entry_changes, new_entries, relationships
 from memory.models import ApiKey, Entry, Tombstone
 from memory.policy import LIMITS
 from memory.policy_model import MaintenancePolicy
@@ -36,7 +36,7 @@ def key(workspace):
     """key(role) → the raw secret of a new key of that role in the workspace."""
 
     def make(role: str, ws=None) -> str:
-        return services.api_key_create(workspace=ws or workspace, name=f"{role} key", role=role)[1]
+        return accounts.api_key_create(workspace=ws or workspace, name=f"{role} key", role=role)[1]
 
     return make
 
@@ -54,7 +54,7 @@ def call(method: str, path: str, key: str | None = None, body=None, client: Clie
 def member_client(workspace, role: str) -> tuple[Client, dict]:
     """A logged-in member's browser: its client and the headers it sends (workspace, CSRF)."""
     user = get_user_model().objects.create_user(username=f"{role}-{workspace.slug}", password="x")
-    services.membership_set(workspace=workspace, user=user, role=role)
+    accounts.membership_set(workspace=workspace, user=user, role=role)
     client = Client(enforce_csrf_checks=True)
     client.force_login(user)
     client.cookies["csrftoken"] = CSRF
@@ -68,7 +68,7 @@ def applied(path: str, key: str, body=None) -> dict:
 
 def make(workspace, *, age_days: float = 0.0, **fields) -> Entry:
     now = timezone.now()
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=workspace,
         content=fields.pop("content", f"memory {Entry.objects.count()} about caching and retries"),
         created_at=now - timedelta(days=age_days),
@@ -107,7 +107,7 @@ def test_an_agent_run_defaults_to_a_dry_run_that_changes_nothing(workspace, key)
     run = MaintenanceRun.objects.get(pk=result["run_id"])
     assert run.result == result
     assert (run.kind, run.trigger, run.dry_run) == ("full", "api", True)
-    assert run.actor == services.actor_for_key(ApiKey.objects.get(role="agent"))
+    assert run.actor == accounts.actor_for_key(ApiKey.objects.get(role="agent"))
 
 
 def test_a_run_without_a_body_is_a_run_with_the_defaults(workspace, key):
@@ -413,7 +413,7 @@ def queries_for(path: str, key: str) -> int:
 def test_every_list_takes_as_many_queries_for_50_items_as_for_5(workspace, key, other_workspace):
     add_runs(workspace, 50)
     for i in range(50):
-        services.entry_tombstone(workspace=workspace, entry_id=make(workspace).pk)
+        entry_changes.entry_tombstone(workspace=workspace, entry_id=make(workspace).pk)
         Backup.objects.create(workspace=workspace, file_name=f"manual-backup-{i}.jsonl.gz", reason="manual")
     agent = key("agent")
     call("GET", "/stats", agent)  # the key's first use writes last_used_at; later ones don't
@@ -479,8 +479,8 @@ def test_tombstones_are_open_ones_with_their_countdown_unless_asked(workspace, k
     MaintenancePolicy.objects.filter(workspace=workspace).update(tombstone_grace_days=10)
     open_one, restored, purged = make(workspace), make(workspace), make(workspace)
     for entry in (open_one, restored, purged):
-        services.entry_tombstone(workspace=workspace, entry_id=entry.pk, reason="api", actor="key:x")
-    services.entry_restore(workspace=workspace, entry_id=restored.pk)
+        entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, reason="api", actor="key:x")
+    entry_changes.entry_restore(workspace=workspace, entry_id=restored.pk)
     Tombstone.objects.filter(entry=purged).update(purged_at=timezone.now())
     viewer_client, headers = member_client(workspace, "viewer")
     response = call("GET", "/tombstones", client=viewer_client, **headers)
@@ -542,8 +542,8 @@ def test_stats_count_the_workspace_only(workspace, other_workspace, key):
     a = make(workspace, tags=["x", "y"])
     b = make(workspace)
     c = make(workspace)
-    services.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk)
-    services.entry_tombstone(workspace=workspace, entry_id=c.pk)
+    relationships.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=c.pk)
     make(other_workspace, tags=["z"])
     call("POST", "/maintenance/sweep-decay", key("operator"), {"dry_run": True})
     response = call("GET", "/stats", key("agent"))

@@ -17,7 +17,7 @@ from django.utils import timezone
 from maintenance.lease import acquire, new_holder
 from maintenance.models import MaintenanceRun, Proposal
 from maintenance.runs import run_maintenance
-from memory import holds, services
+from memory import accounts, holds, new_entries
 from memory.models import Entry, LifecycleEvent
 from memory.policy_model import MaintenancePolicy
 from tests.helpers_runs import work_queued_runs
@@ -61,13 +61,13 @@ def applied_run(caller: Caller, body: Any = None) -> dict[str, Any]:
 
 
 def key(workspace, role: str) -> Caller:
-    api_key, raw = services.api_key_create(workspace=workspace, name=f"{role} key", role=role)
-    return Caller(Client(), {"HTTP_AUTHORIZATION": f"Bearer {raw}"}, services.actor_for_key(api_key))
+    api_key, raw = accounts.api_key_create(workspace=workspace, name=f"{role} key", role=role)
+    return Caller(Client(), {"HTTP_AUTHORIZATION": f"Bearer {raw}"}, accounts.actor_for_key(api_key))
 
 
 def member(workspace, role: str) -> Caller:
     user = get_user_model().objects.create_user(username=f"{role}-{workspace.slug}", password="x")
-    services.membership_set(workspace=workspace, user=user, role=role)
+    accounts.membership_set(workspace=workspace, user=user, role=role)
     client = Client(enforce_csrf_checks=True)
     client.force_login(user)
     client.cookies["csrftoken"] = CSRF
@@ -93,7 +93,7 @@ def old(workspace, text: str, *, age_days: float = 200, **fields: Any) -> Entry:
     """An entry created ``age_days`` ago and never accessed: an episodic one is cold enough for
     the decay pass (retention < 0.2 at 200 days)."""
     at = timezone.now() - timedelta(days=age_days)
-    entry = services.entry_create(workspace=workspace, content=text, created_at=at, now=at)
+    entry = new_entries.entry_create(workspace=workspace, content=text, created_at=at, now=at)
     if fields:
         Entry.objects.filter(pk=entry.pk).update(**fields)
     entry.refresh_from_db()
@@ -300,7 +300,7 @@ def test_approving_after_the_data_moved_skips_with_why(ws, operator, agent):
     assert agent("POST", f"/entries/{accessed.pk}/access", {"actor": "claude"}).status_code == 200
     assert agent("PATCH", f"/entries/{pinned.pk}", {"pinned": True}).status_code == 200
     holds.hold(ws, [held.pk], reason="keep", actor="operator:bob", now=timezone.now())
-    foreign = services.entry_create(workspace=ws, content="never proposed")
+    foreign = new_entries.entry_create(workspace=ws, content="never proposed")
     named = [accessed.pk, pinned.pk, held.pk, untouched.pk, foreign.pk]
     body = operator("POST", "/proposals/approve", {"ids": named}).json()
     assert body["applied"] == [untouched.pk]
@@ -466,7 +466,7 @@ def test_a_release_ends_the_hold_and_the_next_run_proposes_the_entry_again(ws, o
 
 
 def test_release_of_an_unknown_or_foreign_entry_is_not_found(ws, operator, other_workspace):
-    theirs = services.entry_create(workspace=other_workspace, content="globex memory")
+    theirs = new_entries.entry_create(workspace=other_workspace, content="globex memory")
     Entry.objects.filter(pk=theirs.pk).update(held_at=timezone.now(), held_by="x", hold_reason="restore")
     for entry_id in (theirs.pk, 999_999):
         response = operator("POST", f"/entries/{entry_id}/release")
@@ -524,8 +524,8 @@ def _hold(entry: Entry, days_ago: float, reason: str = "restore") -> None:
 
 
 def test_entries_show_their_hold_under_the_workspaces_hold_days(ws, agent):
-    recent, expired = (services.entry_create(workspace=ws, content=f"memory {i}") for i in range(2))
-    free = services.entry_create(workspace=ws, content="memory free")
+    recent, expired = (new_entries.entry_create(workspace=ws, content=f"memory {i}") for i in range(2))
+    free = new_entries.entry_create(workspace=ws, content="memory free")
     _hold(recent, 2)
     _hold(expired, 40, "revert")
 
@@ -566,7 +566,7 @@ def test_writes_answer_with_the_hold_and_new_content_starts_unheld(ws, agent):
 def test_listing_held_entries_costs_no_extra_query(ws, agent, django_assert_num_queries):
     MaintenancePolicy.objects.filter(workspace=ws).update(operator_hold_days=30)
     agent("GET", "/entries")
-    entries = [services.entry_create(workspace=ws, content=f"memory {i} about queues") for i in range(20)]
+    entries = [new_entries.entry_create(workspace=ws, content=f"memory {i} about queues") for i in range(20)]
     for entry in entries[::2]:
         _hold(entry, 1)
     # The key lookup (policy included) and the page's tags; the count is not needed: a short page.
@@ -578,7 +578,7 @@ def test_listing_held_entries_costs_no_extra_query(ws, agent, django_assert_num_
 def test_a_members_listing_reads_the_policy_once(ws):
     viewer = member(ws, "viewer")
     viewer("GET", "/entries")
-    entries = [services.entry_create(workspace=ws, content=f"memory {i} about queues") for i in range(20)]
+    entries = [new_entries.entry_create(workspace=ws, content=f"memory {i} about queues") for i in range(20)]
     for entry in entries:
         _hold(entry, 1)
 

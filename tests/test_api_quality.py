@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from maintenance.models import Dispute
-from memory import services
+from memory import accounts, entry_changes, new_entries
 from memory.models import Entry, LifecycleEvent
 
 pytestmark = pytest.mark.django_db
@@ -23,7 +23,7 @@ GOOD = "Connection pool exhaustion under load was fixed by lowering the idle tim
 @pytest.fixture
 def key(workspace):
     def make(role: str, ws=None) -> str:
-        return services.api_key_create(workspace=ws or workspace, name=f"{role} key", role=role)[1]
+        return accounts.api_key_create(workspace=ws or workspace, name=f"{role} key", role=role)[1]
 
     return make
 
@@ -35,7 +35,7 @@ def call(method: str, path: str, key: str | None = None, body=None):
 
 
 def write(workspace, content, **fields):
-    return services.entry_create(
+    return new_entries.entry_create(
         workspace=workspace, content=content, created_at=timezone.now() - timedelta(days=40), **fields
     )
 
@@ -106,7 +106,7 @@ def test_keep_hides_an_entry_until_its_content_changes(workspace, key):
     assert call("GET", "/hygiene/preview", operator).json()["count"] == 0
     # A kept entry is not archived by an apply either.
     assert call("POST", "/hygiene/apply", operator, {"ids": [junk.pk]}).json()["archived"] == []
-    services.entry_update(workspace=workspace, entry_id=junk.pk, content="still wip...")
+    entry_changes.entry_update(workspace=workspace, entry_id=junk.pk, content="still wip...")
     newest = Entry.objects.get(lineage_id=junk.lineage_id, is_latest=True)
     assert newest.pk != junk.pk
     listed = call("GET", "/hygiene/preview", operator).json()["candidates"]
@@ -150,8 +150,8 @@ def test_agents_cannot_archive_or_keep(workspace, key, path):
 def dispute(
     workspace, first_text="Always use tabs for indentation", second_text="Never use tabs for indentation"
 ):
-    a = services.entry_create(workspace=workspace, content=first_text, entry_type="rule")
-    b = services.entry_create(workspace=workspace, content=second_text, entry_type="rule")
+    a = new_entries.entry_create(workspace=workspace, content=first_text, entry_type="rule")
+    b = new_entries.entry_create(workspace=workspace, content=second_text, entry_type="rule")
     return Dispute.objects.create(
         workspace=workspace, entry_a_id=a.pk, entry_b_id=b.pk, detected_by="sweep", similarity=0.8
     )
@@ -228,7 +228,7 @@ def test_resolving_refuses_bad_input_and_other_workspaces(workspace, other_works
     assert call("POST", "/disputes/999999/resolve", operator, {"resolution": "keep_both"}).status_code == 404
     for body in ({}, {"resolution": "merge"}, {"resolution": "keep_both", "extra": 1}, {"resolution": 1}):
         assert call("POST", f"/disputes/{d.pk}/resolve", operator, body).status_code == 422, body
-    outsider = services.entry_create(workspace=workspace, content="unrelated")
+    outsider = new_entries.entry_create(workspace=workspace, content="unrelated")
     refused = call(
         "POST", f"/disputes/{d.pk}/resolve", operator, {"resolution": "supersede", "winner_id": outsider.pk}
     )

@@ -4,7 +4,7 @@ change to the row must show on the very next lookup."""
 
 import pytest
 
-from memory import auth, services
+from memory import accounts, auth
 from memory.policy import PolicyValues
 from memory.policy_model import MaintenancePolicy
 
@@ -12,11 +12,11 @@ pytestmark = pytest.mark.django_db
 
 
 def lookup(raw):
-    return auth._live_key(services.hash_key(raw))
+    return auth._live_key(accounts.hash_key(raw))
 
 
 def test_the_lookup_returns_the_key_its_workspace_and_the_policy_as_stored(workspace):
-    key, raw = services.api_key_create(workspace=workspace, name="agent", role="agent")
+    key, raw = accounts.api_key_create(workspace=workspace, name="agent", role="agent")
     found = lookup(raw)
     assert found.pk == key.pk and found.role == "agent"
     assert found.workspace.pk == workspace.pk and found.workspace.slug == workspace.slug
@@ -24,8 +24,8 @@ def test_the_lookup_returns_the_key_its_workspace_and_the_policy_as_stored(works
 
 
 def test_a_policy_change_shows_on_the_next_lookup(workspace, other_workspace):
-    _key, raw = services.api_key_create(workspace=workspace, name="agent", role="agent")
-    _other, other_raw = services.api_key_create(workspace=other_workspace, name="agent", role="agent")
+    _key, raw = accounts.api_key_create(workspace=workspace, name="agent", role="agent")
+    _other, other_raw = accounts.api_key_create(workspace=other_workspace, name="agent", role="agent")
     before = lookup(raw).workspace.policy_at_auth
 
     policy = MaintenancePolicy.objects.get(workspace=workspace)
@@ -45,13 +45,13 @@ def test_a_policy_change_shows_on_the_next_lookup(workspace, other_workspace):
 
 
 def test_a_workspace_without_a_policy_row_has_the_defaults(workspace):
-    _key, raw = services.api_key_create(workspace=workspace, name="agent", role="agent")
+    _key, raw = accounts.api_key_create(workspace=workspace, name="agent", role="agent")
     MaintenancePolicy.objects.filter(workspace=workspace).delete()
     assert lookup(raw).workspace.policy_at_auth == PolicyValues()
 
 
 def test_a_revoked_or_unknown_key_is_not_found(workspace):
-    key, raw = services.api_key_create(workspace=workspace, name="agent", role="agent")
-    services.api_key_revoke(workspace=workspace, key_id=key.pk)
+    key, raw = accounts.api_key_create(workspace=workspace, name="agent", role="agent")
+    accounts.api_key_revoke(workspace=workspace, key_id=key.pk)
     assert lookup(raw) is None
     assert lookup("not-a-key") is None

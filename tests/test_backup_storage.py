@@ -21,8 +21,9 @@ from django.test import Client
 from config.settings import backup_storage
 from maintenance import backups, purge_now
 from maintenance.models import Backup
-from memory import services
-from memory.models import Entry, TombstoneReason
+from memory import accounts, entry_changes, new_entries
+from memory.models import Entry
+from memory.models.choices import TombstoneReason
 from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
@@ -58,7 +59,7 @@ def elsewhere(settings, unusable_backup_dir, tmp_path):
 
 def populate(workspace) -> list[Entry]:
     return [
-        services.entry_create(workspace=workspace, content=f"Memory number {n} about pools.", now=NOW)
+        new_entries.entry_create(workspace=workspace, content=f"Memory number {n} about pools.", now=NOW)
         for n in range(5)
     ]
 
@@ -104,7 +105,9 @@ def test_pre_prune_rotation_and_cleanup_delete_from_the_storage(workspace, in_me
 
 def test_a_purge_writes_its_pre_prune_backup_to_the_storage(workspace, in_memory):
     entry = populate(workspace)[0]
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, reason=TombstoneReason.API, actor="t")
+    entry_changes.entry_tombstone(
+        workspace=workspace, entry_id=entry.pk, reason=TombstoneReason.API, actor="t"
+    )
     purge_now.entry_purge(workspace=workspace, entry=entry, actor="user:ops")
     (backup,) = Backup.objects.filter(workspace=workspace)
     assert backup.reason == "pre-prune"
@@ -122,7 +125,7 @@ def test_a_backup_in_another_folder_is_listed_by_the_api_and_restored_by_the_com
     (backup,) = Backup.objects.filter(workspace=workspace)
     assert (elsewhere / "acme" / backup.file_name).is_file()
 
-    _, raw = services.api_key_create(workspace=workspace, name="viewer", role="agent")
+    _, raw = accounts.api_key_create(workspace=workspace, name="viewer", role="agent")
     listed = Client().get("/api/v1/backups", HTTP_AUTHORIZATION=f"Bearer {raw}").json()
     assert [item["file_name"] for item in listed["items"]] == [backup.file_name]
 

@@ -25,9 +25,10 @@ from django.test.utils import CaptureQueriesContext
 from maintenance import backups
 from maintenance.backups import BackupError, RestoreRefused
 from maintenance.models import Backup, Dispute, MaintenanceLease, MaintenanceRun, Proposal, RunDaySummary
-from memory import services
+from memory import entry_changes, entry_signals, new_entries, relationships
 from memory.errors import InvalidInput
-from memory.journal import SAMPLE_PATH, export_records, import_journal
+from memory.journal_export import export_records
+from memory.journal_import import SAMPLE_PATH, import_journal
 from memory.models import (
     ApiKey,
     CodeAnchor,
@@ -106,7 +107,7 @@ def populate(workspace: Workspace, now: datetime) -> dict[str, Any]:
     run = MaintenanceRun.objects.create(
         workspace=workspace, kind="full", trigger="cli", started_at=now - 9 * day
     )
-    first = services.entry_create(
+    first = new_entries.entry_create(
         workspace=workspace,
         content="Deploys go through the blue/green switch.",
         title="Deploy rule",
@@ -118,28 +119,28 @@ def populate(workspace: Workspace, now: datetime) -> dict[str, Any]:
         metadata={"nested": {"b": 2, "a": [1, 2.5, None]}},
         now=now - 10 * day,
     )
-    second = services.entry_create(
+    second = new_entries.entry_create(
         workspace=workspace,
         content="The switch flaps when health checks time out.",
         staged_class="evidence",
         now=now - 10 * day,
     )
-    services.entry_update(
+    entry_changes.entry_update(
         workspace=workspace,
         entry_id=first.pk,
         content="Deploys go through the blue/green switch, never straight to prod.",
         now=now - 8 * day,
     )
     latest = Entry.objects.get(lineage_id=first.pk, is_latest=True)
-    link, _ = services.relationship_create(
+    link, _ = relationships.relationship_create(
         workspace=workspace, from_id=second.pk, to_id=latest.pk, type="caused", now=now - 7 * day
     )
     Relationship.objects.filter(pk=link.pk).update(pruned_at=now - 6 * day, pruned_by_run=run)
-    services.entry_record_access(
+    entry_signals.entry_record_access(
         workspace=workspace, entry_id=latest.pk, actor="agent:ci", dispatch=True, now=now - 6 * day
     )
-    doomed = services.entry_create(workspace=workspace, content="A scratch note.", now=now - 10 * day)
-    services.entry_tombstone(workspace=workspace, entry_id=doomed.pk, run=run, now=now - 5 * day)
+    doomed = new_entries.entry_create(workspace=workspace, content="A scratch note.", now=now - 10 * day)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=doomed.pk, run=run, now=now - 5 * day)
     a, b = sorted([second.pk, latest.pk])
     Dispute.objects.create(
         workspace=workspace,
@@ -339,7 +340,7 @@ def test_every_reference_of_a_backed_up_row_points_inside_the_backup():
 def test_it_refuses_to_overwrite_an_entry_changed_after_the_backup(workspace, now):
     made = populate(workspace, now)
     path = backup_path(backups.write_backup(workspace, now=now))
-    services.entry_update(
+    entry_changes.entry_update(
         workspace=workspace, entry_id=made["latest"].pk, title="Renamed", now=now + timedelta(hours=1)
     )
     before = dump(workspace)
@@ -353,7 +354,7 @@ def test_it_refuses_to_overwrite_an_entry_changed_after_the_backup(workspace, no
 def test_an_access_recorded_after_the_backup_counts_as_newer_data(workspace, now):
     made = populate(workspace, now)
     path = backup_path(backups.write_backup(workspace, now=now))
-    services.entry_record_access(
+    entry_signals.entry_record_access(
         workspace=workspace, entry_id=made["latest"].pk, actor="agent:ci", now=now + timedelta(hours=1)
     )
 
@@ -376,10 +377,10 @@ def test_force_overwrites_newer_data_and_keeps_what_was_written_after_the_backup
     before = dump(workspace)
     path = backup_path(backups.write_backup(workspace, now=now))
     later = now + timedelta(hours=1)
-    update = services.entry_update(
+    update = entry_changes.entry_update(
         workspace=workspace, entry_id=made["latest"].pk, content="Deploys may skip the switch.", now=later
     )
-    newcomer = services.entry_create(workspace=workspace, content="Written after the backup.", now=later)
+    newcomer = new_entries.entry_create(workspace=workspace, content="Written after the backup.", now=later)
 
     result = backups.restore_backup(path, force=True)
 
@@ -402,7 +403,7 @@ def test_force_overwrites_newer_data_and_keeps_what_was_written_after_the_backup
 def test_entries_written_after_the_backup_are_kept_without_force(workspace, now):
     populate(workspace, now)
     path = backup_path(backups.write_backup(workspace, now=now))
-    newcomer = services.entry_create(workspace=workspace, content="Written after the backup.", now=now)
+    newcomer = new_entries.entry_create(workspace=workspace, content="Written after the backup.", now=now)
 
     result = backups.restore_backup(path)
 
@@ -415,7 +416,9 @@ def test_rows_deleted_after_the_backup_come_back_and_a_recreated_tag_is_reused(w
     before = dump(workspace)
     path = backup_path(backups.write_backup(workspace, now=now))
     Tag.objects.filter(workspace=workspace, name="deploy").delete()  # its pairs go with it
-    services.entry_update(workspace=workspace, entry_id=made["latest"].pk, tags=["deploy", "ops"], now=now)
+    entry_changes.entry_update(
+        workspace=workspace, entry_id=made["latest"].pk, tags=["deploy", "ops"], now=now
+    )
     Relationship.objects.filter(pk=made["link"].pk).delete()
     recreated = Tag.objects.get(workspace=workspace, name="deploy")
 
@@ -583,7 +586,7 @@ def test_a_file_replaced_between_the_scans_by_another_valid_backup_restores_noth
 ):
     populate(workspace, now)
     path = backup_path(backups.write_backup(workspace, now=now))
-    services.entry_create(workspace=workspace, content="Written between the two backups.", now=now)
+    new_entries.entry_create(workspace=workspace, content="Written between the two backups.", now=now)
     other = backup_path(backups.write_backup(workspace, now=now + timedelta(seconds=1)))
     wipe(workspace)
     scans = change_after_the_first_scan(monkeypatch, lambda path: path.write_bytes(other.read_bytes()))
@@ -622,7 +625,7 @@ def test_newer_data_refuses_before_a_write_can_fail_in_its_place(workspace, now,
     path = backup_path(backups.write_backup(workspace, now=now))
     later = now + timedelta(hours=1)
     Entry.objects.filter(pk=made["latest"].pk).update(external_id="rule-2", updated_at=later)
-    services.entry_create(workspace=workspace, content="Now rule one.", external_id="rule-1", now=later)
+    new_entries.entry_create(workspace=workspace, content="Now rule one.", external_id="rule-1", now=later)
     before = dump(workspace)
 
     with pytest.raises(RestoreRefused, match="use --force"):
@@ -797,7 +800,7 @@ def test_a_float_json_cannot_hold_fails_the_backup_by_name():
 def test_a_nan_stored_behind_the_services_back_fails_the_backup_cleanly(workspace, now):
     if connection.vendor == "sqlite":
         pytest.skip("SQLite stores NaN as NULL: there is nothing to refuse")
-    entry = services.entry_create(workspace=workspace, content="Scores are finite.", now=now)
+    entry = new_entries.entry_create(workspace=workspace, content="Scores are finite.", now=now)
     Entry.objects.filter(pk=entry.pk).update(importance=math.nan)
 
     with pytest.raises(BackupError, match=f"entry {entry.pk}: importance is nan"):
@@ -809,7 +812,7 @@ def test_a_nan_stored_behind_the_services_back_fails_the_backup_cleanly(workspac
 
 def test_metadata_beyond_64_bit_integers_and_any_unicode_round_trips(workspace, now):
     metadata = {"big": 2**70, "text": "naïve \u2028 café 🚀", "neg": -(2**65), "f": 0.1}
-    entry = services.entry_create(workspace=workspace, content="Odd values.", metadata=metadata, now=now)
+    entry = new_entries.entry_create(workspace=workspace, content="Odd values.", metadata=metadata, now=now)
     before = dump(workspace)
     backup = backups.write_backup(workspace, now=now)
     wipe(workspace)
@@ -926,7 +929,7 @@ def test_restore_backup_finds_a_bare_name_in_the_workspaces_folder(workspace, no
 def test_restore_backup_reports_a_refusal_as_a_command_error(workspace, now):
     made = populate(workspace, now)
     backup = backups.write_backup(workspace, now=now)
-    services.entry_update(
+    entry_changes.entry_update(
         workspace=workspace, entry_id=made["latest"].pk, title="Renamed", now=now + timedelta(hours=1)
     )
 

@@ -10,7 +10,7 @@ import pytest
 from maintenance.models import MaintenanceRun, RunDaySummary
 from maintenance.revert import revert_run
 from maintenance.runs import run_maintenance
-from memory import services
+from memory import accounts, entry_changes, new_entries
 from memory.models import Entry, LifecycleEvent, Tombstone
 from memory.policy_model import MaintenancePolicy
 
@@ -22,7 +22,7 @@ def policy(workspace, **values):
 
 
 def make(workspace, now, *, age_days=0.0, **fields):
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=workspace,
         content=f"memory {Entry.objects.count()} about caching and retries",
         created_at=now - timedelta(days=age_days),
@@ -142,7 +142,9 @@ def test_runs_that_changed_something_or_failed_are_never_folded(workspace, now):
 def _purged_long_ago(workspace, now, ago_days):
     """An entry tombstoned and purged ``ago_days`` ago by a full run (with its backup)."""
     entry = make(workspace, now, age_days=ago_days + 200)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now - timedelta(days=ago_days + 190))
+    entry_changes.entry_tombstone(
+        workspace=workspace, entry_id=entry.pk, now=now - timedelta(days=ago_days + 190)
+    )
     purger = run_at(workspace, now - timedelta(days=ago_days))
     assert purger["counts"]["hard_deleted"] == 1
     return entry.pk, purger["run_id"]
@@ -264,7 +266,7 @@ def test_the_api_run_history_shows_the_folded_counts_per_day(workspace, other_wo
     from tests.test_api_maintenance import call
 
     _folded_history(workspace, other_workspace, now)
-    agent = services.api_key_create(workspace=workspace, name="agent key", role="agent")[1]
+    agent = accounts.api_key_create(workspace=workspace, name="agent key", role="agent")[1]
 
     runs = call("GET", "/maintenance/runs", agent).json()
     assert runs["folded_runs"] == 4  # 2 of the 3 decay runs (the third is newer), 1 dry run
@@ -291,7 +293,7 @@ def test_the_api_run_history_shows_the_folded_counts_per_day(workspace, other_wo
     assert call("GET", "/maintenance/runs/folded?kind=full&limit=1", agent).json()["items"][0]["runs"] == 1
     assert call("GET", "/maintenance/runs/folded?status=nope", agent).status_code == 422
     # The other workspace's folded runs are its own.
-    other = services.api_key_create(workspace=other_workspace, name="agent key", role="agent")[1]
+    other = accounts.api_key_create(workspace=other_workspace, name="agent key", role="agent")[1]
     assert call("GET", "/maintenance/runs/folded", other).json()["items"] == [
         {
             "day": (now - timedelta(days=9)).date().isoformat(),

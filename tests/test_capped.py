@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from console import live
 from console.selectors_maintenance import review_counts
 from maintenance import hygiene
-from memory import capped, services
+from memory import accounts, capped, entry_changes, new_entries
 from memory.models import Entry, Tombstone
 
 pytestmark = pytest.mark.django_db
@@ -30,14 +30,14 @@ def cap_2(monkeypatch):
 
 def _entries(workspace, now, n, text="A note about the deploy pipeline number {}."):
     return [
-        services.entry_create(workspace=workspace, content=text.format(i), created_at=now, now=now)
+        new_entries.entry_create(workspace=workspace, content=text.format(i), created_at=now, now=now)
         for i in range(n)
     ]
 
 
 def _tombstone(workspace, entries):
     for e in entries:
-        services.entry_tombstone(workspace=workspace, entry_id=e.pk, actor="user:vera")
+        entry_changes.entry_tombstone(workspace=workspace, entry_id=e.pk, actor="user:vera")
 
 
 def test_counts_are_exact_up_to_the_cap_and_cap_plus_one_past_it_in_one_statement(
@@ -86,7 +86,7 @@ def test_the_header_and_the_review_tabs_show_counts_past_the_cap_as_n_plus(
     assert "2+ tombstones" in live.render_queue(workspace.pk)
 
     user, _ = get_user_model().objects.get_or_create(username="olga")
-    services.membership_set(workspace=workspace, user=user, role="operator")
+    accounts.membership_set(workspace=workspace, user=user, role="operator")
     client.force_login(user)
     page = client.get(f"/console/{workspace.slug}/review/?tab=disputes").content.decode()
     assert re.search(r'id="review-count-tombstones">\s*2\+\s*<', page)

@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.forms.models import model_to_dict
 
-from memory import services
+from memory import accounts
 from memory.models import ApiKey, Membership, Workspace
 from memory.policy_model import MaintenancePolicy
 
@@ -136,7 +136,7 @@ def test_it_sets_the_given_password(workspace):
 
 def test_it_only_changes_the_role_of_an_existing_user(workspace):
     user = User.objects.create_user(username="carol", password=STRONG)
-    services.membership_set(workspace=workspace, user=user, role="viewer")
+    accounts.membership_set(workspace=workspace, user=user, role="viewer")
 
     data = run_json("add_member", workspace="acme", username="carol", role="operator")
 
@@ -198,7 +198,7 @@ def test_it_prints_the_key_once_with_a_warning(workspace):
     key = ApiKey.objects.get(workspace=workspace)
     raw = next(word for word in output.split() if word.startswith(key.prefix) and len(word) > 20)
     assert output.count(raw) == 1
-    assert key.secret_hash == services.hash_key(raw)
+    assert key.secret_hash == accounts.hash_key(raw)
     assert "cannot be shown again" in output
 
 
@@ -222,7 +222,7 @@ def test_it_stores_only_the_hash_of_the_key(workspace):
     stored = " ".join(str(value) for value in model_to_dict(key).values())
     stored += f" {key.secret_hash} {key.prefix} {key.created_by}"
     assert data["key"] not in stored
-    assert key.secret_hash == services.hash_key(data["key"])
+    assert key.secret_hash == accounts.hash_key(data["key"])
 
 
 def test_it_rejects_an_unknown_key_role(workspace):
@@ -255,7 +255,7 @@ def test_create_api_key_reports_an_unknown_workspace():
 
 
 def test_revoking_sets_revoked_at(workspace):
-    key, _ = services.api_key_create(workspace=workspace, name="bot", role="agent")
+    key, _ = accounts.api_key_create(workspace=workspace, name="bot", role="agent")
 
     data = run_json("revoke_api_key", key.prefix, workspace="acme")
 
@@ -267,7 +267,7 @@ def test_revoking_sets_revoked_at(workspace):
 
 
 def test_revoking_twice_keeps_the_first_time(workspace):
-    key, _ = services.api_key_create(workspace=workspace, name="bot", role="agent")
+    key, _ = accounts.api_key_create(workspace=workspace, name="bot", role="agent")
     run("revoke_api_key", key.prefix, workspace="acme")
     key.refresh_from_db()
     first = key.revoked_at
@@ -280,7 +280,7 @@ def test_revoking_twice_keeps_the_first_time(workspace):
 
 
 def test_another_workspaces_key_prefix_is_not_found(workspace, other_workspace):
-    key, _ = services.api_key_create(workspace=other_workspace, name="theirs", role="admin")
+    key, _ = accounts.api_key_create(workspace=other_workspace, name="theirs", role="admin")
 
     with pytest.raises(CommandError, match="not found"):
         run("revoke_api_key", key.prefix, workspace="acme")

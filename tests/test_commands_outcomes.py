@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from maintenance.models import MaintenanceLease
 from maintenance.runs import run_maintenance
-from memory import holds, journal, services
+from memory import accounts, holds, journal_import, new_entries
 from memory.models import Entry
 
 pytestmark = pytest.mark.django_db
@@ -28,7 +28,7 @@ def now():
 
 
 def make(workspace, now, *, age_days=0.0, content=None, **fields):
-    return services.entry_create(
+    return new_entries.entry_create(
         workspace=workspace,
         content=content or f"note {Entry.objects.count()} about the retry budget of the cache layer",
         created_at=now - timedelta(days=age_days),
@@ -201,9 +201,9 @@ def test_an_import_into_a_new_workspace_is_never_changed_before_a_proposal(now):
     # A new workspace proposes: the import's first runs, even a year on, archive and tombstone
     # nothing; what they want waits as proposals.
     cmd("create_workspace", "history")
-    text = cmd("import_entries", str(journal.SAMPLE_PATH), "--workspace", "history")
+    text = cmd("import_entries", str(journal_import.SAMPLE_PATH), "--workspace", "history")
     assert "Review mode propose" in text and "change none of them until you approve" in text
-    workspace = services.workspace_get("history")
+    workspace = accounts.workspace_get("history")
     for days in (0, 30, 365):
         result = run_maintenance(workspace=workspace, now=now + timedelta(days=days))
         assert result["status"] == "proposed"
@@ -214,5 +214,5 @@ def test_an_import_into_a_new_workspace_is_never_changed_before_a_proposal(now):
 
 def test_an_import_into_an_apply_workspace_warns_that_runs_change_it_at_once(now):
     cmd("create_workspace", "history", "--review-mode", "apply")
-    text = cmd("import_entries", str(journal.SAMPLE_PATH), "--workspace", "history")
+    text = cmd("import_entries", str(journal_import.SAMPLE_PATH), "--workspace", "history")
     assert "Review mode apply: the next maintenance run archives and tombstones at once" in text

@@ -18,7 +18,7 @@ from django.utils import timezone
 from maintenance import proposals
 from maintenance.models import MaintenanceLease, Proposal
 from maintenance.runs import run_maintenance
-from memory import holds, services
+from memory import entry_changes, entry_signals, holds, new_entries
 from memory.models import Entry, LifecycleEvent
 
 pytestmark = pytest.mark.django_db
@@ -31,7 +31,7 @@ def now():
 
 
 def make(workspace, now, *, age_days=0.0, content=None, **fields):
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=workspace,
         content=content or f"note {Entry.objects.count()} about the retry budget of the cache layer",
         created_at=now - timedelta(days=age_days),
@@ -213,7 +213,7 @@ def test_approve_all_of_an_action_and_then_everything(propose_workspace, propose
 
 def test_a_proposal_that_no_longer_holds_is_skipped_with_why(propose_workspace, proposed, now):
     accessed = proposed["cold"][0]
-    services.entry_record_access(
+    entry_signals.entry_record_access(
         workspace=propose_workspace, entry_id=accessed.pk, actor="agent:a", now=now + timedelta(seconds=1)
     )
 
@@ -352,7 +352,7 @@ def test_release_refuses_what_it_cannot_release(propose_workspace, workspace, no
     holds.hold(workspace, [elsewhere.pk], reason="restore", actor="user:ann", now=now)
     old = make(propose_workspace, now)
     holds.hold(propose_workspace, [old.pk], reason="keep", actor="user:ann", now=now)
-    newer = services.entry_update(
+    newer = entry_changes.entry_update(
         workspace=propose_workspace, entry_id=old.pk, content="new text, new version"
     )
     cases = [

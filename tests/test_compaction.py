@@ -11,8 +11,9 @@ from maintenance.compaction import digest
 from maintenance.models import MaintenanceRun
 from maintenance.revert import revert_run
 from maintenance.runs import run_maintenance
-from memory import services
-from memory.models import CONTENT_MAX, Entry, LifecycleEvent, Relationship
+from memory import new_entries
+from memory.models import Entry, LifecycleEvent, Relationship
+from memory.models.choices import CONTENT_MAX
 from memory.policy_model import MaintenancePolicy
 
 pytestmark = pytest.mark.django_db
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.django_db
 
 def fragment(workspace, now, n, *, age_days=20, session="feature-login", project="web", **fields):
     fields.setdefault("entry_type", "development_note")
-    return services.entry_create(
+    return new_entries.entry_create(
         workspace=workspace,
         content=f"Step {n}: wired the login form validation and checked the session cookie handling",
         project=project,

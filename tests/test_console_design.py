@@ -14,7 +14,7 @@ from django.test import Client
 from console.selectors import LABEL_CHARS, entry_label
 from console.templatetags.steward import excerpt_after_label
 from maintenance.runs import run_maintenance
-from memory import services
+from memory import entry_changes, new_entries
 from memory.models import Entry, Workspace
 from memory.policy_model import MaintenancePolicy
 from tests.helpers_console import login
@@ -33,7 +33,7 @@ def page(client: Client, path: str) -> str:
 def imported(workspace: Workspace, now, n: int = 3, days: int = 400) -> list[Entry]:
     """Untitled entries old and unread enough for a full run to tombstone them (decay)."""
     return [
-        services.entry_create(
+        new_entries.entry_create(
             workspace=workspace, content=IMPORTED.format(i), created_at=now - timedelta(days=days), now=now
         )
         for i in range(n)
@@ -64,7 +64,7 @@ def test_untitled_entries_are_named_by_their_first_line_on_every_page(client, wo
     tombstoned = Entry.objects.filter(pk__in=[e.pk for e in entries], status="tombstoned").count()
     assert tombstoned == 3
     restored = entries[0]
-    services.entry_restore(workspace=workspace, entry_id=restored.pk)
+    entry_changes.entry_restore(workspace=workspace, entry_id=restored.pk)
     login(client, workspace)
     first = "Imported note {}: the deploy key lives in the vault"
 
@@ -97,7 +97,7 @@ def test_untitled_entries_are_named_by_their_first_line_on_every_page(client, wo
 
 
 def test_retention_is_explained_where_it_appears(client, workspace, now):
-    entry = services.entry_create(workspace=workspace, content="A fresh memory")
+    entry = new_entries.entry_create(workspace=workspace, content="A fresh memory")
     MaintenancePolicy.objects.filter(workspace=workspace).update(cold_threshold=0.35)
     login(client, workspace, "viewer")
 
@@ -135,7 +135,7 @@ def test_the_runs_tables_show_metrics_in_their_own_column(client, workspace, now
 def test_a_run_page_counts_its_automatic_changes_as_the_review_tab_does(client, workspace, now):
     entries = imported(workspace, now, n=3)
     run_id = run_maintenance(workspace=workspace, now=now)["run_id"]
-    services.entry_restore(workspace=workspace, entry_id=entries[0].pk)  # undone by hand
+    entry_changes.entry_restore(workspace=workspace, entry_id=entries[0].pk)  # undone by hand
     login(client, workspace)
 
     run_page = page(client, f"/console/acme/runs/{run_id}/")

@@ -10,8 +10,9 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from memory import services
-from memory.models import Status, Workspace
+from memory import accounts, entry_changes, new_entries
+from memory.models import Workspace
+from memory.models.choices import Status
 
 pytestmark = pytest.mark.django_db
 
@@ -20,13 +21,13 @@ URL = "/console/"
 
 
 def make(workspace: Workspace, content: str) -> Any:
-    return services.entry_create(workspace=workspace, content=content)
+    return new_entries.entry_create(workspace=workspace, content=content)
 
 
 def member_of(*workspaces: Workspace, username: str = "mia") -> Any:
     user = User.objects.create_user(username=username)
     for ws in workspaces:
-        services.membership_set(workspace=ws, user=user, role="viewer")
+        accounts.membership_set(workspace=ws, user=user, role="viewer")
     return user
 
 
@@ -56,12 +57,14 @@ def test_a_member_sees_only_their_workspaces_with_counts_by_status(client, works
     for i in range(3):
         make(workspace, f"acme note {i}")
     archived = make(workspace, "acme archived")
-    services.entry_set_status(workspace=workspace, entry_id=archived.pk, status="archived", reason="manual")
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=archived.pk, status="archived", reason="manual"
+    )
     gone = make(workspace, "acme gone")
-    services.entry_tombstone(workspace=workspace, entry_id=gone.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk)
     versioned = make(workspace, "acme first words")
-    services.entry_update(workspace=workspace, entry_id=versioned.pk, content="acme second words")
-    services.entry_create(workspace=workspace, content="acme staged", staged_class="evidence")
+    entry_changes.entry_update(workspace=workspace, entry_id=versioned.pk, content="acme second words")
+    new_entries.entry_create(workspace=workspace, content="acme staged", staged_class="evidence")
     for i in range(4):
         make(other_workspace, f"globex note {i}")
     client.force_login(member_of(workspace))
@@ -100,7 +103,7 @@ def test_the_query_count_does_not_grow_with_workspaces(client):
     def setup_workspaces(start: int, stop: int) -> list[Workspace]:
         made = []
         for i in range(start, stop):
-            ws = services.workspace_create(slug=f"ws-{i}")
+            ws = accounts.workspace_create(slug=f"ws-{i}")
             make(ws, f"note in {i}")
             make(ws, f"another note in {i}")
             made.append(ws)
@@ -112,7 +115,7 @@ def test_the_query_count_does_not_grow_with_workspaces(client):
         assert client.get(URL).status_code == 200
 
     for ws in setup_workspaces(2, 10):
-        services.membership_set(workspace=ws, user=user, role="operator")
+        accounts.membership_set(workspace=ws, user=user, role="operator")
     with CaptureQueriesContext(connection) as many:
         response = client.get(URL)
 

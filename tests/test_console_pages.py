@@ -20,8 +20,9 @@ from console import selectors as console_selectors
 from maintenance.lease import acquire, new_holder
 from maintenance.models import MaintenanceRun, RunStatus
 from maintenance.runs import run_maintenance
-from memory import services
-from memory.models import Entry, LifecycleEvent, Status, Workspace
+from memory import accounts, entry_changes, new_entries
+from memory.models import Entry, LifecycleEvent, Workspace
+from memory.models.choices import Status
 from tests.helpers_runs import work_queued_runs
 
 pytestmark = pytest.mark.django_db
@@ -36,7 +37,7 @@ ACTIONS = ("pin", "unpin", "restore", "tombstone")
 
 def member(workspace: Workspace, role: str, username: str | None = None) -> Any:
     user = User.objects.create_user(username=username or f"{role}-{workspace.slug}")
-    services.membership_set(workspace=workspace, user=user, role=role)
+    accounts.membership_set(workspace=workspace, user=user, role=role)
     return user
 
 
@@ -47,7 +48,7 @@ def as_role(client: Client, workspace: Workspace, role: str) -> Any:
 
 
 def make(workspace: Workspace, content: str = "A memory worth keeping", **fields: Any) -> Entry:
-    return services.entry_create(workspace=workspace, content=content, **fields)
+    return new_entries.entry_create(workspace=workspace, content=content, **fields)
 
 
 def cold(workspace: Workspace, content: str = "Forgotten note nobody reads") -> Entry:
@@ -146,7 +147,9 @@ def test_actions_answer_only_post(client, workspace):
 def test_a_viewer_sees_every_page_but_no_action_button(client, workspace):
     entry = make(workspace, tags=["infra"])
     archived = make(workspace, "Archived note")
-    services.entry_set_status(workspace=workspace, entry_id=archived.pk, status="archived", reason="manual")
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=archived.pk, status="archived", reason="manual"
+    )
     as_role(client, workspace, "viewer")
 
     pages = [
@@ -180,7 +183,9 @@ def test_a_viewer_cannot_act_on_an_entry(client, workspace, action):
     live = make(workspace, "Live one")
     pinned = make(workspace, "Pinned one", pinned=True)
     archived = make(workspace, "Archived one")
-    services.entry_set_status(workspace=workspace, entry_id=archived.pk, status="archived", reason="manual")
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=archived.pk, status="archived", reason="manual"
+    )
     target = {"pin": live, "unpin": pinned, "restore": archived, "tombstone": live}[action]
     before = (reload(target).status, reload(target).pinned, LifecycleEvent.objects.count())
     as_role(client, workspace, "viewer")
@@ -223,7 +228,9 @@ def test_the_dashboard_shows_counts_charts_runs_and_the_next_run(client, workspa
     for i in range(3):
         make(workspace, f"note {i}")
     archived = make(workspace, "archived note")
-    services.entry_set_status(workspace=workspace, entry_id=archived.pk, status="archived", reason="manual")
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=archived.pk, status="archived", reason="manual"
+    )
     run_maintenance(workspace=workspace, dry_run=True, trigger="cli")
     as_role(client, workspace, "viewer")
 
@@ -409,9 +416,11 @@ def test_the_entries_list_filters(client, workspace):
     rule = make(workspace, "Always pin the versions", entry_type="rule", tier="semantic", project="api")
     tagged = make(workspace, "Deploy on Fridays is risky", tags=["deploy"])
     archived = make(workspace, "Old archived decision", entry_type="decision")
-    services.entry_set_status(workspace=workspace, entry_id=archived.pk, status="archived", reason="manual")
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=archived.pk, status="archived", reason="manual"
+    )
     gone = make(workspace, "Tombstoned note")
-    services.entry_tombstone(workspace=workspace, entry_id=gone.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk)
     as_role(client, workspace, "viewer")
 
     def ids(query: str) -> set[int]:
@@ -458,7 +467,7 @@ def test_the_entry_page_shows_content_scores_links_anchors_tags_and_history(clie
         links=[{"to_id": other.pk, "type": "caused"}],
     )
     incoming = make(workspace, "Points at it", title="Incoming note", links=[{"to_id": entry.pk}])
-    services.entry_set_status(workspace=workspace, entry_id=entry.pk, status="archived", reason="manual")
+    entry_changes.entry_set_status(workspace=workspace, entry_id=entry.pk, status="archived", reason="manual")
     as_role(client, workspace, "viewer")
 
     body = html(client.get(entry_url(workspace, entry)))
@@ -479,7 +488,7 @@ def test_the_entry_page_shows_content_scores_links_anchors_tags_and_history(clie
 
 def test_the_entry_page_of_an_old_version_points_to_the_latest(client, workspace):
     old = make(workspace, "First words")
-    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="Second words").entry
+    new = entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="Second words").entry
     as_role(client, workspace, "operator")
 
     body = html(client.get(entry_url(workspace, old)))
@@ -584,7 +593,7 @@ def test_a_refused_action_shows_why_instead_of_failing(client, workspace):
 
 def test_an_action_on_an_old_version_is_refused_with_a_conflict(client, workspace):
     old = make(workspace, "First words")
-    services.entry_update(workspace=workspace, entry_id=old.pk, content="Second words")
+    entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="Second words")
     as_role(client, workspace, "operator")
 
     response = client.post(f"{entry_url(workspace, old)}tombstone/")
@@ -596,8 +605,10 @@ def test_an_action_on_an_old_version_is_refused_with_a_conflict(client, workspac
 def test_the_history_is_paged(client, workspace):
     entry = make(workspace)
     for _ in range(15):  # 30 events + the creation
-        services.entry_set_status(workspace=workspace, entry_id=entry.pk, status="archived", reason="manual")
-        services.entry_restore(workspace=workspace, entry_id=entry.pk)
+        entry_changes.entry_set_status(
+            workspace=workspace, entry_id=entry.pk, status="archived", reason="manual"
+        )
+        entry_changes.entry_restore(workspace=workspace, entry_id=entry.pk)
     as_role(client, workspace, "viewer")
 
     first = html(client.get(entry_url(workspace, entry)))
@@ -668,7 +679,7 @@ def test_the_importance_histogram_bins_live_latest_entries_in_sql(workspace):
     for value in values:
         Entry.objects.filter(pk=make(workspace, f"note {value}").pk).update(importance=value)
     gone = make(workspace, "gone")
-    services.entry_tombstone(workspace=workspace, entry_id=gone.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk)
 
     histogram = console_selectors.importance_histogram(workspace)
 
@@ -731,7 +742,9 @@ def test_linear_y_ticks_are_round_counts():
 def test_growth_counts_each_lineage_once_by_week_with_empty_weeks(workspace):
     now = timezone.now()
     first = make(workspace, "three weeks ago", created_at=now - timedelta(days=21))
-    services.entry_update(workspace=workspace, entry_id=first.pk, content="a new version, not a new memory")
+    entry_changes.entry_update(
+        workspace=workspace, entry_id=first.pk, content="a new version, not a new memory"
+    )
     make(workspace, "today")
 
     unit, points = console_selectors.growth(workspace)
@@ -765,8 +778,10 @@ def _busy(workspace: Workspace, n: int) -> Entry:
             workspace=workspace, kind="full", trigger="cli", status="succeeded", counts={"scored": i}
         )
     for _ in range(n // 2):
-        services.entry_set_status(workspace=workspace, entry_id=hub.pk, status="archived", reason="manual")
-        services.entry_restore(workspace=workspace, entry_id=hub.pk)
+        entry_changes.entry_set_status(
+            workspace=workspace, entry_id=hub.pk, status="archived", reason="manual"
+        )
+        entry_changes.entry_restore(workspace=workspace, entry_id=hub.pk)
     return hub
 
 
@@ -775,7 +790,7 @@ def test_the_pages_take_a_constant_number_of_queries(client, workspace, other_wo
     small_hub = _busy(workspace, 4)
     big_hub = _busy(other_workspace, 60)
     user = member(workspace, "operator")
-    services.membership_set(workspace=other_workspace, user=user, role="operator")
+    accounts.membership_set(workspace=other_workspace, user=user, role="operator")
     client.force_login(user)
     url = {
         "dashboard": lambda ws, hub: dashboard_url(ws),

@@ -18,7 +18,7 @@ from django.test import Client
 from console import live
 from maintenance.models import Proposal, ProposalStatus
 from maintenance.runs import run_maintenance
-from memory import holds, services
+from memory import accounts, entry_changes, holds, new_entries
 from memory.models import Entry, LifecycleEvent, Workspace
 from memory.policy_model import MaintenancePolicy
 
@@ -31,7 +31,7 @@ TEXT = "The connection pool keeps twelve sockets open between deploys and retrie
 
 def login(client: Client, workspace: Workspace, role: str = "operator") -> Any:
     user, _ = User.objects.get_or_create(username=f"olga-{role}")
-    services.membership_set(workspace=workspace, user=user, role=role)
+    accounts.membership_set(workspace=workspace, user=user, role=role)
     client.force_login(user)
     return user
 
@@ -39,7 +39,7 @@ def login(client: Client, workspace: Workspace, role: str = "operator") -> Any:
 def cold(workspace: Workspace, now, n: int = 1) -> list[Entry]:
     """Entries a full run tombstones by decay (retention below the cold threshold)."""
     return [
-        services.entry_create(
+        new_entries.entry_create(
             workspace=workspace,
             content=TEXT.format(Entry.objects.count()),
             created_at=now - timedelta(days=100),
@@ -51,7 +51,7 @@ def cold(workspace: Workspace, now, n: int = 1) -> list[Entry]:
 
 def stale(workspace: Workspace, now) -> Entry:
     """An entry a full run archives (stale for longer than archive_after_days)."""
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=workspace,
         content=TEXT.format(Entry.objects.count()),
         title="Stale runbook",
@@ -253,7 +253,7 @@ def test_an_approval_that_no_longer_holds_is_reported_skipped_and_leaves_the_que
     client, propose_workspace, now
 ):
     doomed, _, _ = proposed(propose_workspace, now)
-    services.entry_set_pinned(workspace=propose_workspace, entry_id=doomed[0].pk, pinned=True)
+    entry_changes.entry_set_pinned(workspace=propose_workspace, entry_id=doomed[0].pk, pinned=True)
     login(client, propose_workspace)
 
     body = html(client.post(url(propose_workspace, "review/approve/"), {"ids": [doomed[0].pk]}, **HX))
@@ -402,7 +402,7 @@ def test_the_dashboard_says_how_many_changes_await_approval(client, propose_work
 def test_the_header_counts_the_same_automatic_changes_as_the_tab(client, workspace, now):
     cold(workspace, now, 3)
     stale(workspace, now)
-    old = services.entry_create(
+    old = new_entries.entry_create(
         workspace=workspace,
         content=TEXT.format("never read"),
         created_at=now - timedelta(days=40),
@@ -412,7 +412,7 @@ def test_the_header_counts_the_same_automatic_changes_as_the_tab(client, workspa
     run_maintenance(workspace=workspace, now=now)  # tombstones 3, archives 1, marks `old` stale
     assert status(old) == "stale"
     first = Entry.objects.filter(workspace=workspace, status="tombstoned").order_by("pk").first()
-    services.entry_restore(workspace=workspace, entry_id=first.pk)  # one change undone by hand
+    entry_changes.entry_restore(workspace=workspace, entry_id=first.pk)  # one change undone by hand
     login(client, workspace)
 
     page = html(client.get(url(workspace) + "?tab=automatic"))
@@ -482,7 +482,7 @@ def test_every_door_s_change_is_announced(
         else:
             holds.hold(propose_workspace, [doomed[1].pk], reason="keep", actor="cli", now=now)
             sent.clear()
-            services.entry_release(workspace=propose_workspace, entry_id=doomed[1].pk, actor="cli")
+            entry_changes.entry_release(workspace=propose_workspace, entry_id=doomed[1].pk, actor="cli")
 
     assert sent, "nothing was announced"
     expected = 4 if door == "release" else 3

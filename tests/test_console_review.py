@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from maintenance.models import Dispute, MaintenanceRun, RunDaySummary
 from maintenance.runs import COUNT_KEYS, run_maintenance
-from memory import services
+from memory import accounts, entry_changes, new_entries, relationships
 from memory.models import Entry, LifecycleEvent, Relationship, Tombstone, Workspace
 from memory.policy_model import MaintenancePolicy
 
@@ -34,7 +34,7 @@ GOOD = "The connection pool keeps twelve sockets open between deploys and retrie
 
 def login(client: Client, workspace: Workspace, role: str = "operator", username: str = "olga") -> Any:
     user, _ = User.objects.get_or_create(username=username)
-    services.membership_set(workspace=workspace, user=user, role=role)
+    accounts.membership_set(workspace=workspace, user=user, role=role)
     client.force_login(user)
     return user
 
@@ -43,13 +43,13 @@ def junk(workspace: Workspace, now, n: int = 1) -> list[Entry]:
     """Hygiene candidates (score 4, archive recommended)."""
     start = Entry.objects.count()
     return [
-        services.entry_create(workspace=workspace, content=JUNK.format(start + i), created_at=now, now=now)
+        new_entries.entry_create(workspace=workspace, content=JUNK.format(start + i), created_at=now, now=now)
         for i in range(n)
     ]
 
 
 def good(workspace: Workspace, now, **fields: Any) -> Entry:
-    return services.entry_create(
+    return new_entries.entry_create(
         workspace=workspace, content=GOOD.format(Entry.objects.count()), created_at=now, now=now, **fields
     )
 
@@ -57,7 +57,7 @@ def good(workspace: Workspace, now, **fields: Any) -> Entry:
 def cold(workspace: Workspace, now, n: int = 1) -> list[Entry]:
     """Entries a full run tombstones (retention below the cold threshold after 100 days)."""
     return [
-        services.entry_create(
+        new_entries.entry_create(
             workspace=workspace,
             content=GOOD.format(Entry.objects.count()),
             created_at=now - timedelta(days=100),
@@ -69,7 +69,7 @@ def cold(workspace: Workspace, now, n: int = 1) -> list[Entry]:
 
 def stale(workspace: Workspace, now) -> Entry:
     """An entry a full run archives (stale for longer than archive_after_days)."""
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=workspace,
         content=GOOD.format(Entry.objects.count()),
         created_at=now - timedelta(days=500),
@@ -179,8 +179,8 @@ def test_an_entry_changed_since_the_run_leaves_the_automatic_tab(client, workspa
     login(client, workspace)
     a, b = cold(workspace, now, 2)
     run_maintenance(workspace=workspace, now=now)
-    services.entry_restore(workspace=workspace, entry_id=a.pk, now=now + timedelta(minutes=1))
-    services.entry_tombstone(workspace=workspace, entry_id=a.pk, now=now + timedelta(minutes=2))
+    entry_changes.entry_restore(workspace=workspace, entry_id=a.pk, now=now + timedelta(minutes=1))
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=a.pk, now=now + timedelta(minutes=2))
 
     html = review(client, "automatic")
 
@@ -191,10 +191,10 @@ def test_an_entry_changed_since_the_run_leaves_the_automatic_tab(client, workspa
 def test_the_tombstones_tab_counts_down_to_the_purge(client, workspace, now):
     login(client, workspace)
     entry = good(workspace, now)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, actor="user:mia")
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, actor="user:mia")
     Tombstone.objects.filter(entry=entry).update(purge_after=now.replace(year=2100))
     gone = good(workspace, now)
-    services.entry_tombstone(workspace=workspace, entry_id=gone.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk)
     Tombstone.objects.filter(entry=gone).update(purge_after=now - timedelta(days=1000))
 
     html = review(client, "tombstones")
@@ -371,7 +371,7 @@ def test_reverting_a_whole_run_from_the_review_queue(client, workspace, now):
 def test_reverting_a_run_from_its_page_redraws_the_run(client, workspace, now):
     login(client, workspace)
     a, b = stale(workspace, now), stale(workspace, now)
-    link, _ = services.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
+    link, _ = relationships.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
     run_id = run_maintenance(workspace=workspace, now=now)["run_id"]
     assert [status(a), status(b)] == ["archived", "archived"]
     assert Relationship.objects.get(pk=link.pk).pruned_at is not None
@@ -401,7 +401,7 @@ def test_restoring_tombstones(client, workspace, now):
     login(client, workspace)
     a, b, c = (good(workspace, now) for _ in range(3))
     for e in (a, b, c):
-        services.entry_tombstone(workspace=workspace, entry_id=e.pk)
+        entry_changes.entry_tombstone(workspace=workspace, entry_id=e.pk)
 
     response = client.post("/console/acme/review/restore/", {"ids": [a.pk]}, **HX)
     html = response.content.decode()
@@ -419,7 +419,9 @@ def test_restoring_tombstones(client, workspace, now):
 def test_restore_does_not_touch_entries_without_a_tombstone(client, workspace, now):
     login(client, workspace)
     archived = good(workspace, now)
-    services.entry_set_status(workspace=workspace, entry_id=archived.pk, status="archived", reason="manual")
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=archived.pk, status="archived", reason="manual"
+    )
 
     client.post("/console/acme/review/restore/", {"ids": [archived.pk]}, **HX)
 
@@ -558,7 +560,7 @@ def test_another_workspace_s_rows_are_never_touched(client, workspace, other_wor
     theirs_cold = cold(other_workspace, now)[0]
     their_run = run_maintenance(workspace=other_workspace, now=now)["run_id"]
     theirs_tomb = good(other_workspace, now)
-    services.entry_tombstone(workspace=other_workspace, entry_id=theirs_tomb.pk)
+    entry_changes.entry_tombstone(workspace=other_workspace, entry_id=theirs_tomb.pk)
     their_dispute = dispute(other_workspace, now)
     their_events = LifecycleEvent.objects.filter(workspace=other_workspace).count()
 

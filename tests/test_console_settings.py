@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from memory import services
+from memory import accounts
 from memory.models import ApiKey, Workspace
 from memory.policy import LIMITS
 from memory.policy_model import MaintenancePolicy
@@ -25,7 +25,7 @@ User = get_user_model()
 
 def member(workspace: Workspace, role: str, username: str | None = None) -> Any:
     user = User.objects.create_user(username=username or f"{role}-{workspace.slug}")
-    services.membership_set(workspace=workspace, user=user, role=role)
+    accounts.membership_set(workspace=workspace, user=user, role=role)
     return user
 
 
@@ -59,7 +59,7 @@ def policy_snapshot(workspace: Workspace) -> dict[str, Any]:
 
 @pytest.mark.parametrize("role", ["viewer", "operator"])
 def test_non_admin_sees_the_page_without_forms(client: Client, workspace: Workspace, role: str) -> None:
-    key, _ = services.api_key_create(workspace=workspace, name="agent-one", role="agent")
+    key, _ = accounts.api_key_create(workspace=workspace, name="agent-one", role="agent")
     response = as_role(client, workspace, role).get(url(workspace))
     assert response.status_code == 200
     html = response.content.decode()
@@ -73,7 +73,7 @@ def test_non_admin_sees_the_page_without_forms(client: Client, workspace: Worksp
 
 @pytest.mark.parametrize("role", ["viewer", "operator"])
 def test_non_admin_posts_are_403_and_change_nothing(client: Client, workspace: Workspace, role: str) -> None:
-    key, _ = services.api_key_create(workspace=workspace, name="agent-one", role="agent")
+    key, _ = accounts.api_key_create(workspace=workspace, name="agent-one", role="agent")
     before = policy_snapshot(workspace)
     as_role(client, workspace, role)
     response = client.post(url(workspace, "settings_policy"), policy_data(workspace, decay_lambda="0.5"))
@@ -238,7 +238,7 @@ def test_admin_creates_a_key_shown_once(client: Client, workspace: Workspace) ->
     raw = match.group(1)
     key = ApiKey.objects.get(workspace=workspace, name="bot")
     assert key.role == "operator"
-    assert key.secret_hash == services.hash_key(raw)
+    assert key.secret_hash == accounts.hash_key(raw)
     assert raw not in (key.secret_hash, key.prefix, key.name)
     assert raw.startswith(key.prefix)
     page = client.get(url(workspace)).content.decode()
@@ -255,7 +255,7 @@ def test_invalid_key_is_422(client: Client, workspace: Workspace, data: dict[str
 
 
 def test_admin_revokes_a_key(client: Client, workspace: Workspace) -> None:
-    key, _ = services.api_key_create(workspace=workspace, name="old", role="agent")
+    key, _ = accounts.api_key_create(workspace=workspace, name="old", role="agent")
     as_role(client, workspace, "admin")
     response = client.post(url(workspace, "settings_keys"), {"action": "revoke", "key_id": key.pk})
     assert response.status_code == 303
@@ -270,7 +270,7 @@ def test_admin_revokes_a_key(client: Client, workspace: Workspace) -> None:
 def test_revoke_of_another_workspace_key_touches_nothing(
     client: Client, workspace: Workspace, other_workspace: Workspace, key_id: str
 ) -> None:
-    theirs, _ = services.api_key_create(workspace=other_workspace, name="theirs", role="admin")
+    theirs, _ = accounts.api_key_create(workspace=other_workspace, name="theirs", role="admin")
     as_role(client, workspace, "admin")
     value = str(theirs.pk) if key_id == "other" else key_id
     response = client.post(url(workspace, "settings_keys"), {"action": "revoke", "key_id": value})

@@ -14,9 +14,10 @@ from maintenance.contradictions import conflict, jaccard, polarity, signature
 from maintenance.models import Dispute, MaintenanceRun
 from maintenance.passes import RunContext
 from maintenance.runs import effective_policy, run_maintenance
-from memory import services
+from memory import entry_changes, new_entries, relationships
 from memory.errors import Conflict, InvalidInput, NotFound
-from memory.models import Entry, LifecycleEvent, Relationship, Status
+from memory.models import Entry, LifecycleEvent, Relationship
+from memory.models.choices import Status
 from memory.policy_model import MaintenancePolicy
 
 # --- polarity ---------------------------------------------------------------------------------
@@ -243,7 +244,7 @@ def rule(workspace, now, content: str, minutes: int = 0, **fields: Any) -> Entry
     fields.setdefault("entry_type", "rule")
     fields.setdefault("tier", "procedural")
     when = now - timedelta(minutes=minutes)
-    return services.entry_create(workspace=workspace, content=content, created_at=when, now=when, **fields)
+    return new_entries.entry_create(workspace=workspace, content=content, created_at=when, now=when, **fields)
 
 
 def set_policy(workspace, **values: Any) -> None:
@@ -344,7 +345,9 @@ def test_only_live_durable_latest_entries_are_swept(workspace, now):
     rule(workspace, now, f"Never migrate {base}.", entry_type="observation", tier="episodic", minutes=9)
     rule(workspace, now, f"Never migrate {base}.", staged_class="procedural", minutes=8)
     archived = rule(workspace, now, f"Never migrate {base}!", minutes=7)
-    services.entry_set_status(workspace=workspace, entry_id=archived.pk, status="archived", reason="manual")
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=archived.pk, status="archived", reason="manual"
+    )
     tagged = rule(workspace, now, f"Do not migrate {base}.", tags=["frozen"], minutes=6)
     set_policy(workspace, exclude_tags=["frozen"])
     assert sweep(workspace, now).count == 0
@@ -353,7 +356,7 @@ def test_only_live_durable_latest_entries_are_swept(workspace, now):
         workspace, now, f"Never migrate {base}.", entry_type="decision", tier="episodic", minutes=5
     )
     semantic = rule(workspace, now, f"Avoid: migrate {base}.", entry_type="observation", tier="semantic")
-    services.entry_set_status(workspace=workspace, entry_id=semantic.pk, status="stale", reason="manual")
+    entry_changes.entry_set_status(workspace=workspace, entry_id=semantic.pk, status="stale", reason="manual")
     result = sweep(workspace, now)
     assert result.count == 2
     assert {decision.pk, semantic.pk} <= set(result.ids) and tagged.pk not in result.ids
@@ -362,7 +365,7 @@ def test_only_live_durable_latest_entries_are_swept(workspace, now):
 def test_an_updated_entry_is_compared_as_its_latest_version(workspace, now):
     always = rule(workspace, now, ALWAYS, minutes=5)
     draft = rule(workspace, now, "Document the integration tests.", minutes=4)
-    new = services.entry_update(workspace=workspace, entry_id=draft.pk, content=NEVER, now=now).entry
+    new = entry_changes.entry_update(workspace=workspace, entry_id=draft.pk, content=NEVER, now=now).entry
     assert sweep(workspace, now).count == 1
     assert flagged(workspace) == {pair(always, new)}
 
@@ -452,16 +455,16 @@ def test_keeping_one_archives_the_other_revertibly(workspace, now, dispute, reso
         "active",
     )
     assert result["dispute"].resolution == resolution
-    restored = services.entry_restore(workspace=workspace, entry_id=loser_id, actor="user:ann")
+    restored = entry_changes.entry_restore(workspace=workspace, entry_id=loser_id, actor="user:ann")
     assert restored.status == "active"
 
 
 def test_a_stale_loser_is_restored_to_its_earlier_live_status(workspace, now, dispute):
-    services.entry_set_status(
+    entry_changes.entry_set_status(
         workspace=workspace, entry_id=dispute.entry_b_id, status="stale", reason="manual"
     )
     contradictions.resolve(workspace, dispute.pk, "keep_first", actor="user:ann", now=now)
-    assert services.entry_restore(workspace=workspace, entry_id=dispute.entry_b_id).status == "active"
+    assert entry_changes.entry_restore(workspace=workspace, entry_id=dispute.entry_b_id).status == "active"
 
 
 def test_supersede_defaults_to_the_newer_entry(workspace, now, dispute):
@@ -477,7 +480,9 @@ def test_supersede_defaults_to_the_newer_entry(workspace, now, dispute):
 def test_supersede_with_a_chosen_winner(workspace, now, dispute):
     older, newer = Entry.objects.order_by("created_at")
     # An existing identical link is fine.
-    services.relationship_create(workspace=workspace, from_id=older.pk, to_id=newer.pk, type="supersedes")
+    relationships.relationship_create(
+        workspace=workspace, from_id=older.pk, to_id=newer.pk, type="supersedes"
+    )
     result = contradictions.resolve(
         workspace, dispute.pk, "supersede", actor="user:ann", winner_id=older.pk, now=now
     )
@@ -508,7 +513,7 @@ def test_resolution_refusals(workspace, other_workspace, now, dispute):
 
 
 def test_an_entry_gone_or_rewritten_since_is_left_alone(workspace, now, dispute):
-    services.entry_tombstone(workspace=workspace, entry_id=dispute.entry_b_id)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=dispute.entry_b_id)
     result = contradictions.resolve(
         workspace, dispute.pk, "supersede", actor="a", winner_id=dispute.entry_a_id
     )
@@ -520,7 +525,7 @@ def test_an_entry_gone_or_rewritten_since_is_left_alone(workspace, now, dispute)
     rule(workspace, now, "Never deploy from the release branch.", minutes=1)
     sweep(workspace, now)
     second = Dispute.objects.get(status="open")
-    rewritten = services.entry_update(
+    rewritten = entry_changes.entry_update(
         workspace=workspace, entry_id=second.entry_b_id, content="Deploy from tags.", now=now
     ).entry
     result = contradictions.resolve(workspace, second.pk, "keep_first", actor="a", now=now)

@@ -12,7 +12,7 @@ from django.test import Client
 
 from maintenance import contradictions
 from maintenance.models import Dispute
-from memory import services
+from memory import accounts, entry_changes, new_entries
 from memory.models import Entry
 
 API = "/api/v1"
@@ -26,7 +26,7 @@ def _no_rate_limit(settings):
 
 
 def write(workspace, content: str, **fields: Any) -> Entry:
-    return services.entry_create(workspace=workspace, content=content, **fields)
+    return new_entries.entry_create(workspace=workspace, content=content, **fields)
 
 
 def operator_rule(workspace, content: str, **fields: Any) -> Entry:
@@ -78,7 +78,7 @@ def test_the_check_looks_at_the_40_newest_candidates(workspace, now):
     assert first.disputes == []
     # With one candidate fewer (and the first write tombstoned), the rule is among the 40.
     for entry in (first, newer[0]):
-        services.entry_tombstone(workspace=workspace, entry_id=entry.pk)
+        entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk)
     assert len(write(workspace, ALWAYS, tier="constitutional").disputes) == 1
 
 
@@ -86,24 +86,26 @@ def test_an_update_into_a_new_version_is_checked(workspace):
     existing = operator_rule(workspace, NEVER)
     entry = write(workspace, "Deploy the billing service with the release train.", tier="constitutional")
     assert entry.disputes == []
-    result = services.entry_update(workspace=workspace, entry_id=entry.pk, content=ALWAYS)
+    result = entry_changes.entry_update(workspace=workspace, entry_id=entry.pk, content=ALWAYS)
     [dispute] = result.disputes
     assert (dispute.entry_a_id, dispute.entry_b_id) == (existing.pk, result.entry.pk)
     # A later write that changes nothing the check reads does not check again.
-    assert services.entry_update(workspace=workspace, entry_id=result.entry.pk, pinned=True).disputes == ()
+    assert (
+        entry_changes.entry_update(workspace=workspace, entry_id=result.entry.pk, pinned=True).disputes == ()
+    )
 
 
 def test_making_an_entry_constitutional_checks_it_and_names_open_disputes_again(workspace):
     existing = operator_rule(workspace, NEVER)
     entry = write(workspace, ALWAYS)
     assert entry.disputes == []
-    first = services.entry_update(workspace=workspace, entry_id=entry.pk, tier="constitutional")
-    second = services.entry_update(workspace=workspace, entry_id=entry.pk, title="Friday deploys")
+    first = entry_changes.entry_update(workspace=workspace, entry_id=entry.pk, tier="constitutional")
+    second = entry_changes.entry_update(workspace=workspace, entry_id=entry.pk, title="Friday deploys")
     assert [d.pk for d in first.disputes] == [d.pk for d in second.disputes]
     assert Dispute.objects.count() == 1
     # Once resolved, the pair is neither flagged nor named again.
     contradictions.resolve(workspace, first.disputes[0].pk, "keep_both", actor="user:ann")
-    third = services.entry_update(workspace=workspace, entry_id=entry.pk, title="Friday deploys!")
+    third = entry_changes.entry_update(workspace=workspace, entry_id=entry.pk, title="Friday deploys!")
     assert third.disputes == () and Dispute.objects.count() == 1
     assert existing.pk in (first.disputes[0].entry_a_id, first.disputes[0].entry_b_id)
 
@@ -113,7 +115,7 @@ def test_the_check_stays_in_its_workspace_and_skips_its_own_lineage(workspace, o
     entry = write(workspace, NEVER, tier="constitutional")
     assert entry.disputes == []
     # The new version is not compared with its own earlier version.
-    result = services.entry_update(workspace=workspace, entry_id=entry.pk, content=ALWAYS)
+    result = entry_changes.entry_update(workspace=workspace, entry_id=entry.pk, content=ALWAYS)
     assert result.disputes == () and not Dispute.objects.exists()
 
 
@@ -121,7 +123,7 @@ def test_the_check_stays_in_its_workspace_and_skips_its_own_lineage(workspace, o
 
 
 def client(workspace, role: str) -> tuple[Client, dict[str, str]]:
-    _, raw = services.api_key_create(workspace=workspace, name=role, role=role)
+    _, raw = accounts.api_key_create(workspace=workspace, name=role, role=role)
     return Client(), {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
 
 

@@ -26,10 +26,10 @@ def policy(response) -> dict[str, list[str]]:
 
 @pytest.fixture
 def member(client, workspace):
-    from memory import services
+    from memory import accounts
 
     user = get_user_model().objects.create_superuser("csp", password="pw-csp-test-1")
-    services.membership_set(workspace=workspace, user=user, role="operator")
+    accounts.membership_set(workspace=workspace, user=user, role="operator")
     client.force_login(user)
     return user
 

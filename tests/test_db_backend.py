@@ -10,7 +10,7 @@ from django.db.backends.postgresql.psycopg_any import register_tzloader
 
 from config.postgresql import base as backend
 from config.postgresql.base import UTCTimestamptzLoader
-from memory import services
+from memory import new_entries
 from memory.models import Entry
 
 pytestmark = [
@@ -67,7 +67,7 @@ def test_a_session_in_another_zone_still_reads_utc():
 
 def test_an_entry_reads_back_its_stored_instants(workspace):
     at = datetime.datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
-    entry = services.entry_create(workspace=workspace, content="timestamps", now=at, created_at=at)
+    entry = new_entries.entry_create(workspace=workspace, content="timestamps", now=at, created_at=at)
     row = Entry.objects.get(pk=entry.pk)
     assert (row.created_at, row.updated_at, row.status_changed_at, row.scored_at) == (at, at, at, at)
     assert row.created_at.tzinfo is UTC

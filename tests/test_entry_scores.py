@@ -10,8 +10,9 @@ import pytest
 from django.db import connection
 
 from maintenance import backups
-from memory import selectors, services
-from memory.models import RETENTION_UNSCORED, Entry, EntryScore
+from memory import new_entries, selectors
+from memory.models import Entry, EntryScore
+from memory.models.entries import RETENTION_UNSCORED
 from memory.scoring import DecayParams
 from memory.scoring_db import refresh_scores, rescore
 from tests.test_backups import backup_path, dump, populate, read_lines, wipe, with_fresh_checksum, write_lines
@@ -49,10 +50,10 @@ def rewritten_entry_rows() -> Iterator[set[int]]:
 def test_a_refresh_rewrites_an_entry_row_only_where_its_importance_changed(workspace, now):
     # Importance has an age term for 90 days: the young entry's moves within an hour, the old
     # one's does not. Both retentions decay.
-    old = services.entry_create(
+    old = new_entries.entry_create(
         workspace=workspace, content="old", created_at=now - timedelta(days=200), now=now
     )
-    young = services.entry_create(
+    young = new_entries.entry_create(
         workspace=workspace, content="young", created_at=now - timedelta(days=5), now=now
     )
     refresh_scores(workspace, now=now)
@@ -75,10 +76,10 @@ def test_a_refresh_rewrites_an_entry_row_only_where_its_importance_changed(works
 def test_a_write_rescoring_few_entries_keeps_the_same_rule(workspace, now):
     """A write rescores itself and its neighbours in Python (up to FEW_IDS ids): stored the
     same way, the entry rows only where importance changed."""
-    old = services.entry_create(
+    old = new_entries.entry_create(
         workspace=workspace, content="old", created_at=now - timedelta(days=200), now=now
     )
-    young = services.entry_create(
+    young = new_entries.entry_create(
         workspace=workspace, content="young", created_at=now - timedelta(days=5), now=now
     )
     later = now + timedelta(hours=1)
@@ -97,8 +98,8 @@ def test_a_write_rescoring_few_entries_keeps_the_same_rule(workspace, now):
 def test_a_new_entry_is_written_with_its_scores_row(workspace, now):
     # On PostgreSQL the common write is one statement (a CTE per table); with a new tag it
     # goes through the ORM: both routes write the row.
-    plain = services.entry_create(workspace=workspace, content="plain", now=now)
-    tagged = services.entry_create(workspace=workspace, content="tagged", tags=["new-tag"], now=now)
+    plain = new_entries.entry_create(workspace=workspace, content="plain", now=now)
+    tagged = new_entries.entry_create(workspace=workspace, content="tagged", tags=["new-tag"], now=now)
 
     for entry in (plain, tagged):
         score = EntryScore.objects.get(entry_id=entry.pk)
@@ -108,7 +109,9 @@ def test_a_new_entry_is_written_with_its_scores_row(workspace, now):
 
 
 def test_an_entry_never_scored_reads_and_sorts_as_unscored(workspace, now):
-    scored = services.entry_create(workspace=workspace, content="scored", created_at=now - timedelta(days=60))
+    scored = new_entries.entry_create(
+        workspace=workspace, content="scored", created_at=now - timedelta(days=60)
+    )
     refresh_scores(workspace, now=now)
     bare = Entry.objects.create(workspace=workspace, content="loaded in bulk", content_hash="h")
     Entry.objects.filter(pk=bare.pk).update(lineage_id=bare.pk)

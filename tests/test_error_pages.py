@@ -47,11 +47,11 @@ def _member(client, role: str):
     """``client`` logged in as a member of workspace acme with ``role``."""
     from django.contrib.auth.models import User
 
-    from memory import services
+    from memory import accounts
 
-    workspace = services.workspace_create(slug="acme", name="Acme", review_mode="apply")
+    workspace = accounts.workspace_create(slug="acme", name="Acme", review_mode="apply")
     user = User.objects.create(username=f"a-{role}")
-    services.membership_set(workspace=workspace, user=user, role=role)
+    accounts.membership_set(workspace=workspace, user=user, role=role)
     client.force_login(user)
     return client
 

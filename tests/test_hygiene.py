@@ -34,7 +34,7 @@ from maintenance.models import HygieneAssessment, MaintenanceRun
 from maintenance.passes import RunContext
 from maintenance.revert import revert_run
 from maintenance.runs import run_maintenance
-from memory import services
+from memory import entry_changes, entry_signals, new_entries
 from memory.models import Entry, LifecycleEvent
 from memory.policy import clean_residue_patterns
 from memory.policy_model import MaintenancePolicy
@@ -379,7 +379,7 @@ def make(workspace, now, content=GOOD, *, age_days=40.0, tags=None, **fields):
     """An entry created age_days before now; fields the writer cannot set go straight to the row."""
     writable = {k: fields.pop(k) for k in list(fields) if k in ("title", "source", "tier", "pinned")}
     when = now - timedelta(days=age_days)
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=workspace, content=content, created_at=when, now=when, tags=tags, **writable
     )
     if fields:
@@ -460,7 +460,7 @@ def test_another_workspace_s_copy_does_not_count(workspace, other_workspace, now
 
 def test_preview_candidate_shape(workspace, now):
     entry = make(workspace, now, "x" * 400, title="Short", source="import", access_count=2)
-    services.entry_feedback(workspace=workspace, entry_id=entry.pk, signal="stale", now=now)
+    entry_signals.entry_feedback(workspace=workspace, entry_id=entry.pk, signal="stale", now=now)
     result = queue(workspace)
     assert result["count"] == 1
     [c] = result["candidates"]
@@ -510,7 +510,7 @@ def test_preview_leaves_out_protected_inactive_and_clean_entries(workspace, now)
 
 def test_old_versions_are_not_candidates(workspace, now):
     entry = make(workspace, now, JUNK)
-    services.entry_update(workspace=workspace, entry_id=entry.pk, content=GOOD, now=now)
+    entry_changes.entry_update(workspace=workspace, entry_id=entry.pk, content=GOOD, now=now)
     assert queue(workspace)["count"] == 0
 
 
@@ -542,10 +542,12 @@ def test_keep_hides_until_the_content_changes(workspace, other_workspace, now):
     assert queue(workspace)["count"] == 0
     assert Entry.objects.get(pk=foreign.pk).review_kept_hash == ""
     # a change that keeps the content keeps the decision
-    services.entry_update(workspace=workspace, entry_id=entry.pk, title="still junk", now=now)
+    entry_changes.entry_update(workspace=workspace, entry_id=entry.pk, title="still junk", now=now)
     assert queue(workspace)["count"] == 0
     # new content: back in the queue
-    result = services.entry_update(workspace=workspace, entry_id=entry.pk, content="other half...", now=now)
+    result = entry_changes.entry_update(
+        workspace=workspace, entry_id=entry.pk, content="other half...", now=now
+    )
     assert ids(workspace) == [result.entry.pk]
 
 
@@ -576,9 +578,9 @@ def test_an_entry_is_a_candidate_only_from_score_two(workspace, now):
 
 
 def test_an_imported_journal_is_not_a_queue_of_every_entry(workspace):
-    from memory import journal
+    from memory import journal_import
 
-    counts = journal.import_journal(workspace=workspace, path=journal.SAMPLE_PATH)
+    counts = journal_import.import_journal(workspace=workspace, path=journal_import.SAMPLE_PATH)
     found = hygiene.candidates(workspace)
     assert counts.created == 300
     # Every entry of the journal carries legacy_import (the whole journal was listed before);
@@ -618,7 +620,7 @@ def test_stored_assessments_are_reused_until_title_content_or_patterns_change(wo
     assessed = count_assessments(monkeypatch, "title")
     assert queue(workspace) == first and assessed == []  # nothing assessed again
     # A new title (same content: changed in place) is assessed again, and only that entry.
-    services.entry_update(workspace=workspace, entry_id=plain.pk, title="an implementation plan")
+    entry_changes.entry_update(workspace=workspace, entry_id=plain.pk, title="an implementation plan")
     again = queue(workspace)
     assert assessed == ["an implementation plan"]
     assert plain.pk in [c["id"] for c in again["candidates"]]
@@ -651,7 +653,7 @@ def test_apply_archives_only_fresh_candidates(workspace, other_workspace, now):
     foreign = make(other_workspace, now, JUNK)
     pinned_since = make(workspace, now, "pinned note")
     assert set(ids(workspace)) == {junk.pk, dup.pk, pinned_since.pk}
-    services.entry_set_pinned(workspace=workspace, entry_id=pinned_since.pk, pinned=True)
+    entry_changes.entry_set_pinned(workspace=workspace, entry_id=pinned_since.pk, pinned=True)
 
     result = hygiene.apply(
         workspace,
@@ -690,7 +692,7 @@ def test_apply_archives_only_fresh_candidates(workspace, other_workspace, now):
 
 def test_apply_refreshes_scores_of_the_archived_and_their_neighbours(workspace, now):
     target = make(workspace, now, GOOD + " neighbour")
-    junk = services.entry_create(workspace=workspace, content=JUNK, links=[{"to_id": target.pk}], now=now)
+    junk = new_entries.entry_create(workspace=workspace, content=JUNK, links=[{"to_id": target.pk}], now=now)
     set_scores([target.pk], scored_at=None)
     hygiene.apply(workspace, [junk.pk], actor="user:ann", now=now + timedelta(hours=1))
     assert Entry.objects.get(pk=target.pk).scored_at == now + timedelta(hours=1)

@@ -18,8 +18,9 @@ from django.utils import timezone
 
 from config.api import api
 from maintenance.models import Dispute
-from memory import idempotency, services
-from memory.models import ApiKey, Entry, EntryAccess, IdempotencyKey, LifecycleEvent, TombstoneReason
+from memory import accounts, entry_changes, entry_signals, idempotency, new_entries
+from memory.models import ApiKey, Entry, EntryAccess, IdempotencyKey, LifecycleEvent
+from memory.models.choices import TombstoneReason
 from tests.helpers_runs import work_queued_runs
 
 API = "/api/v1"
@@ -39,11 +40,11 @@ def post(raw: str, path: str, body: Any = None, key: str | None = None, client: 
 
 
 def raw_key(workspace, role: str) -> str:
-    return services.api_key_create(workspace=workspace, name=f"{role} key", role=role)[1]
+    return accounts.api_key_create(workspace=workspace, name=f"{role} key", role=role)[1]
 
 
 def make(workspace, content: str = "Use the connection pool for every worker.", **fields: Any) -> Entry:
-    return services.entry_create(workspace=workspace, content=content, **fields)
+    return new_entries.entry_create(workspace=workspace, content=content, **fields)
 
 
 def database_state() -> dict[str, list[dict[str, Any]]]:
@@ -72,14 +73,18 @@ def _entry_path(suffix: str, body: Any = None, role: str = "agent", **fields: An
 
 def _restore(workspace: Any) -> tuple[str, str, Any]:
     entry = make(workspace)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, reason=TombstoneReason.API, actor="t")
+    entry_changes.entry_tombstone(
+        workspace=workspace, entry_id=entry.pk, reason=TombstoneReason.API, actor="t"
+    )
     return "operator", f"/entries/{entry.pk}/restore", {}
 
 
 def _release(workspace: Any) -> tuple[str, str, Any]:
     entry = make(workspace)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, reason=TombstoneReason.API, actor="t")
-    services.entry_restore(workspace=workspace, entry_id=entry.pk, actor="t")  # holds it
+    entry_changes.entry_tombstone(
+        workspace=workspace, entry_id=entry.pk, reason=TombstoneReason.API, actor="t"
+    )
+    entry_changes.entry_restore(workspace=workspace, entry_id=entry.pk, actor="t")  # holds it
     return "operator", f"/entries/{entry.pk}/release", {}
 
 
@@ -312,17 +317,17 @@ def test_an_unauthenticated_request_stores_nothing(workspace):
 def test_a_server_error_is_not_stored_so_the_retry_runs(workspace, monkeypatch):
     entry = make(workspace)
     raw = raw_key(workspace, "agent")
-    real = services.entry_record_access
+    real = entry_signals.entry_record_access
 
     def broken(**kwargs: Any) -> Any:
         raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(services, "entry_record_access", broken)
+    monkeypatch.setattr(entry_signals, "entry_record_access", broken)
     failed = post(raw, f"/entries/{entry.pk}/access", {"actor": "a", "dispatch": True}, key="k")
     assert failed.status_code == 500
     assert not IdempotencyKey.objects.exists()
 
-    monkeypatch.setattr(services, "entry_record_access", real)
+    monkeypatch.setattr(entry_signals, "entry_record_access", real)
     retry = post(raw, f"/entries/{entry.pk}/access", {"actor": "a", "dispatch": True}, key="k")
     assert retry.status_code == 200 and "Idempotent-Replayed" not in retry
     entry.refresh_from_db()
@@ -420,19 +425,19 @@ def _in_thread(target: Callable[[], Any], out: list[Any]) -> threading.Thread:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_duplicate_arriving_while_the_first_runs_gets_409_then_the_first_answer(monkeypatch):
-    workspace = services.workspace_create(slug="acme", name="Acme", review_mode="apply")
+    workspace = accounts.workspace_create(slug="acme", name="Acme", review_mode="apply")
     entry = make(workspace)
     raw = raw_key(workspace, "agent")
     body = {"actor": "a", "dispatch": True}
     entered, leave = threading.Event(), threading.Event()
-    real = services.entry_record_access
+    real = entry_signals.entry_record_access
 
     def slow(**kwargs: Any) -> Any:
         entered.set()
         assert leave.wait(30)
         return real(**kwargs)
 
-    monkeypatch.setattr(services, "entry_record_access", slow)
+    monkeypatch.setattr(entry_signals, "entry_record_access", slow)
     out: list[Any] = []
     first = _in_thread(lambda: post(raw, f"/entries/{entry.pk}/access", body, key="k"), out)
     first.start()
@@ -457,7 +462,7 @@ def test_a_duplicate_arriving_while_the_first_runs_gets_409_then_the_first_answe
 
 @pytest.mark.django_db(transaction=True)
 def test_many_requests_with_one_key_at_once_write_once():
-    workspace = services.workspace_create(slug="acme", name="Acme", review_mode="apply")
+    workspace = accounts.workspace_create(slug="acme", name="Acme", review_mode="apply")
     entry = make(workspace)
     raw = raw_key(workspace, "agent")
     body = {"actor": "a", "dispatch": True}

@@ -15,17 +15,9 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from memory import services
-from memory.journal import SAMPLE_PATH, import_journal
-from memory.models import (
-    CodeAnchor,
-    Entry,
-    LifecycleEvent,
-    Relationship,
-    Tag,
-    Tombstone,
-    Workspace,
-)
+from memory import entry_changes, new_entries, relationships
+from memory.journal_import import SAMPLE_PATH, import_journal
+from memory.models import CodeAnchor, Entry, LifecycleEvent, Relationship, Tag, Tombstone, Workspace
 
 pytestmark = pytest.mark.django_db
 
@@ -289,7 +281,7 @@ def test_changed_content_on_reimport_creates_a_new_version(workspace, tmp_path, 
 
 
 def test_reimport_does_not_change_fields_the_record_does_not_set(workspace, tmp_path):
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=workspace, content="first", external_id="op-1", source="operator", tier="semantic"
     )
     path = write_jsonl(tmp_path / "op.jsonl", [{"id": "op-1", "content": "second"}])
@@ -301,8 +293,8 @@ def test_reimport_does_not_change_fields_the_record_does_not_set(workspace, tmp_
 
 
 def test_a_tombstoned_entry_is_not_revived_by_a_reimport(workspace, tmp_path):
-    entry = services.entry_create(workspace=workspace, content="gone", external_id="t-1")
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk)
+    entry = new_entries.entry_create(workspace=workspace, content="gone", external_id="t-1")
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk)
     same = write_jsonl(tmp_path / "same.jsonl", [{"id": "t-1", "content": "gone"}])
     other = write_jsonl(tmp_path / "other.jsonl", [{"id": "t-1", "content": "changed"}])
 
@@ -361,7 +353,7 @@ def test_staged_records_get_the_ttl_of_their_class(workspace, tmp_path):
     assert staged.status == "staged"
     assert staged.staged_class == "evidence"
     assert staged.ttl_expires_at == datetime(2026, 3, 1, 8, tzinfo=UTC) + timedelta(
-        days=services.STAGED_TTL_DAYS["evidence"]
+        days=new_entries.STAGED_TTL_DAYS["evidence"]
     )
     assert (entries["s-2"].status, entries["s-2"].ttl_expires_at) == ("active", None)
     assert entries["s-3"].status == "archived"
@@ -542,7 +534,7 @@ def test_without_json_it_prints_a_summary(workspace):
 def test_export_then_import_then_export_is_byte_identical(workspace, other_workspace, tmp_path, now):
     run_import(SAMPLE_PATH, workspace.slug)
     flask = by_external_id(workspace)
-    rule = services.entry_create(
+    rule = new_entries.entry_create(
         workspace=workspace,
         content="Always run the tests",
         entry_type="rule",
@@ -564,17 +556,17 @@ def test_export_then_import_then_export_is_byte_identical(workspace, other_works
         now=now,
         links=[{"to_id": flask[RAW[0]["id"]].pk, "type": "implements"}],
     )
-    services.entry_create(
+    new_entries.entry_create(
         workspace=workspace, content="A hunch", staged_class="reference", created_at=now, now=now
     )
-    services.relationship_create(
+    relationships.relationship_create(
         workspace=workspace, from_id=flask[RAW[1]["id"]].pk, to_id=rule.pk, type="clarifies"
     )
-    services.entry_set_status(
+    entry_changes.entry_set_status(
         workspace=workspace, entry_id=flask[RAW[2]["id"]].pk, status="archived", reason="test"
     )
-    services.relationship_create(workspace=workspace, from_id=rule.pk, to_id=flask[RAW[3]["id"]].pk)
-    services.entry_tombstone(workspace=workspace, entry_id=flask[RAW[3]["id"]].pk)
+    relationships.relationship_create(workspace=workspace, from_id=rule.pk, to_id=flask[RAW[3]["id"]].pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=flask[RAW[3]["id"]].pk)
 
     first = run_export(workspace.slug, tmp_path / "first.jsonl")
     counts = run_import(tmp_path / "first.jsonl", other_workspace.slug)
@@ -646,14 +638,14 @@ def test_import_never_touches_another_workspace(workspace, other_workspace):
     linked_ids = sorted({f for f, _, _ in links} | {t for _, t, _ in links})
     others = {}
     for ext in [*linked_ids, RAW[0]["id"]]:
-        others[ext] = services.entry_create(
+        others[ext] = new_entries.entry_create(
             workspace=other_workspace,
             content=f"other {ext}",
             external_id=ext,
             tags=["#1"],
             anchors=[{"path": "x.py"}],
         )
-    services.relationship_create(
+    relationships.relationship_create(
         workspace=other_workspace, from_id=others[linked_ids[0]].pk, to_id=others[linked_ids[1]].pk
     )
     before = snapshot(other_workspace)

@@ -25,7 +25,7 @@ from console import live
 from maintenance.models import MaintenanceRun
 from maintenance.revert import revert_entry, revert_run
 from maintenance.runs import run_maintenance
-from memory import lifecycle, services
+from memory import accounts, entry_changes, lifecycle, new_entries
 from memory.models import Entry, LifecycleEvent, Tombstone
 from memory.policy_model import MaintenancePolicy
 from memory.signals import entries_changed
@@ -57,7 +57,7 @@ def make(workspace, now, days: float, content: str | None = None, **fields: Any)
     """An entry created ``days`` before ``now`` and not updated since (``updated_at`` = its
     creation); ``fields`` are set straight on the row."""
     created = now - timedelta(days=days)
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=workspace,
         content=content or f"memory {Entry.objects.count()} about caching and retries",
         created_at=created,
@@ -79,7 +79,7 @@ def set_policy(workspace, **values: Any) -> None:
 
 
 def api(method: str, path: str, workspace, role: str, body: Any = None) -> Any:
-    secret = services.api_key_create(workspace=workspace, name=f"{role} key", role=role)[1]
+    secret = accounts.api_key_create(workspace=workspace, name=f"{role} key", role=role)[1]
     kwargs = {"data": json.dumps(body), "content_type": "application/json"} if body is not None else {}
     response = getattr(Client(), method)(f"/api/v1{path}", HTTP_AUTHORIZATION=f"Bearer {secret}", **kwargs)
     assert response.status_code == 200, response.content
@@ -118,7 +118,7 @@ Source = Callable[[Any, datetime], Moved]
 def manual_archive(workspace, at):
     """An operator's archive: the admin's action (the API has no archive of its own)."""
     entry = make(workspace, at, days=10)
-    services.entry_set_status(
+    entry_changes.entry_set_status(
         workspace=workspace, entry_id=entry.pk, status="archived", reason="manual", actor="user:ann", now=at
     )
     return Moved(entry.pk, entry.updated_at, "active", "archived", "manual", False, "user:ann", True)
@@ -136,7 +136,7 @@ def api_tombstone(workspace, at):
 
 def api_restore(workspace, at):
     entry = make(workspace, at, days=10)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=at - timedelta(days=1))
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=at - timedelta(days=1))
     Entry.objects.filter(pk=entry.pk).update(updated_at=entry.updated_at)
     with time_machine.travel(at, tick=False):
         api("post", f"/entries/{entry.pk}/restore", workspace, "operator")
@@ -384,13 +384,13 @@ def test_archived_at_is_stamped_by_an_archive_kept_by_a_tombstone_and_cleared_by
 ):
     entry = make(workspace, now, days=10)
     later = [now + timedelta(days=d) for d in range(4)]
-    services.entry_set_status(
+    entry_changes.entry_set_status(
         workspace=workspace, entry_id=entry.pk, status="archived", reason="manual", now=later[0]
     )
     assert Entry.objects.get(pk=entry.pk).archived_at == later[0]
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=later[1])
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=later[1])
     assert Entry.objects.get(pk=entry.pk).archived_at == later[0]
-    services.entry_restore(workspace=workspace, entry_id=entry.pk, now=later[2])
+    entry_changes.entry_restore(workspace=workspace, entry_id=entry.pk, now=later[2])
     assert Entry.objects.get(pk=entry.pk).archived_at is None
 
 
@@ -595,7 +595,7 @@ def test_an_api_hygiene_apply_pushes_the_review_counts_to_open_pages(
     junk = make(workspace, now, days=40, content=JUNK)
     gone = make(workspace, now, days=1)
     with django_capture_on_commit_callbacks(execute=True):  # as if committed before
-        services.entry_tombstone(workspace=workspace, entry_id=gone.pk, now=now)
+        entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk, now=now)
     told.clear()
     pushed.clear()
     with django_capture_on_commit_callbacks(execute=True), time_machine.travel(now, tick=False):

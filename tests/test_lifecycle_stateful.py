@@ -53,7 +53,7 @@ from maintenance.backups import read_backup
 from maintenance.models import Backup, MaintenanceRun, Proposal
 from maintenance.revert import revert_entry, revert_run, revert_selection
 from maintenance.runs import AFFECTED_KEPT, ARCHIVING, TOMBSTONING, run_maintenance
-from memory import journal, services
+from memory import accounts, entry_changes, entry_signals, journal_import, new_entries, relationships
 from memory.errors import NotFound, ServiceError
 from memory.models import (
     CodeAnchor,
@@ -186,11 +186,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         global _pristine_b
         _wipe(SLUG_A)
         self.now = START
-        self.a = services.workspace_create(slug=SLUG_A)  # review mode: set_policy picks it
+        self.a = accounts.workspace_create(slug=SLUG_A)  # review mode: set_policy picks it
         b = Workspace.objects.filter(slug=SLUG_B).first()
         if b is None or _dump(b) != _pristine_b:
             _wipe(SLUG_B)
-            b = services.workspace_create(slug=SLUG_B, review_mode="apply")
+            b = accounts.workspace_create(slug=SLUG_B, review_mode="apply")
             self._seed_bystander(b)
             _pristine_b = _dump(b)
         self.b = b
@@ -208,14 +208,14 @@ class LifecycleMachine(RuleBasedStateMachine):
         a tombstone past any grace, and a link between two archived entries."""
         old = START - timedelta(days=900)
         made = [
-            services.entry_create(workspace=b, content=f"b memory {i}", created_at=old, now=old)
+            new_entries.entry_create(workspace=b, content=f"b memory {i}", created_at=old, now=old)
             for i in range(5)
         ]
         Entry.objects.filter(pk=made[1].pk).update(expires_at=old)
         Entry.objects.filter(pk__in=[made[2].pk, made[3].pk]).update(status="archived", archived_at=old)
-        services.relationship_create(workspace=b, from_id=made[2].pk, to_id=made[3].pk, now=old)
-        services.entry_tombstone(workspace=b, entry_id=made[4].pk, now=old)
-        services.entry_create(
+        relationships.relationship_create(workspace=b, from_id=made[2].pk, to_id=made[3].pk, now=old)
+        entry_changes.entry_tombstone(workspace=b, entry_id=made[4].pk, now=old)
+        new_entries.entry_create(
             workspace=b, content="b staged", staged_class="evidence", created_at=old, now=old
         )
 
@@ -287,7 +287,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def seed(self, entries: list[tuple[str, str, str, bool, int]]) -> None:
         for content, tier, source, pinned, age in entries:
             entry = self._refused(
-                services.entry_create,
+                new_entries.entry_create,
                 workspace=self.a,
                 content=content,
                 tier=tier,
@@ -321,7 +321,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             )
             for i in range(n)
         ]
-        counts = journal.import_lines(workspace=self.a, lines=lines, now=self.now)
+        counts = journal_import.import_lines(workspace=self.a, lines=lines, now=self.now)
         assert (counts.created, counts.invalid) == (n, 0), counts
 
     @rule(n=st.integers(min_value=25, max_value=35))
@@ -365,7 +365,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         staged_class: str | None,
     ) -> None:
         entry = self._refused(
-            services.entry_create,
+            new_entries.entry_create,
             workspace=self.a,
             content=content,
             tier=tier,
@@ -390,7 +390,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         if same:
             content = Entry.objects.filter(pk=entry_id).values_list("content", flat=True).first() or content
         result = self._refused(
-            services.entry_update, workspace=self.a, entry_id=entry_id, content=content, now=self.now
+            entry_changes.entry_update, workspace=self.a, entry_id=entry_id, content=content, now=self.now
         )
         if result is not None and result.new_version:
             self._remember(result.entry)
@@ -405,7 +405,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         if a is None or b is None:
             return
         self._refused(
-            services.relationship_create, workspace=self.a, from_id=a, to_id=b, type=type_, now=self.now
+            relationships.relationship_create, workspace=self.a, from_id=a, to_id=b, type=type_, now=self.now
         )
 
     @rule(pick=PICK, actor=st.sampled_from(ACTORS), dispatch=st.booleans())
@@ -413,7 +413,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         entry_id = self._pick(pick)
         if entry_id is not None:
             self._refused(
-                services.entry_record_access,
+                entry_signals.entry_record_access,
                 workspace=self.a,
                 entry_id=entry_id,
                 actor=actor,
@@ -426,7 +426,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         entry_id = self._pick(pick)
         if entry_id is not None:
             self._refused(
-                services.entry_feedback, workspace=self.a, entry_id=entry_id, signal=signal, now=self.now
+                entry_signals.entry_feedback, workspace=self.a, entry_id=entry_id, signal=signal, now=self.now
             )
 
     @rule(pick=PICK)
@@ -439,14 +439,18 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
         entry_id = staged[pick % len(staged)] if staged and pick % 4 else self._pick(pick)
         if entry_id is not None:
-            self._refused(services.entry_reinforce, workspace=self.a, entry_id=entry_id, now=self.now)
+            self._refused(entry_signals.entry_reinforce, workspace=self.a, entry_id=entry_id, now=self.now)
 
     @rule(pick=PICK, pinned=st.booleans())
     def pin(self, pick: int, pinned: bool) -> None:
         entry_id = self._pick(pick)
         if entry_id is not None:
             self._refused(
-                services.entry_set_pinned, workspace=self.a, entry_id=entry_id, pinned=pinned, now=self.now
+                entry_changes.entry_set_pinned,
+                workspace=self.a,
+                entry_id=entry_id,
+                pinned=pinned,
+                now=self.now,
             )
 
     @rule(pick=PICK)
@@ -454,7 +458,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         entry_id = self._pick(pick)
         if entry_id is not None:
             self._refused(
-                services.entry_tombstone, workspace=self.a, entry_id=entry_id, reason="manual", now=self.now
+                entry_changes.entry_tombstone,
+                workspace=self.a,
+                entry_id=entry_id,
+                reason="manual",
+                now=self.now,
             )
 
     @rule(pick=PICK)
@@ -462,7 +470,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         entry_id = self._pick(pick)
         if entry_id is not None:
             self._refused(
-                services.entry_restore, workspace=self.a, entry_id=entry_id, actor="user:op", now=self.now
+                entry_changes.entry_restore,
+                workspace=self.a,
+                entry_id=entry_id,
+                actor="user:op",
+                now=self.now,
             )
 
     @rule(pick=PICK)
@@ -474,7 +486,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
         entry_id = held[pick % len(held)] if held and pick % 4 else self._pick(pick)
         if entry_id is not None and self._refused(
-            services.entry_release, workspace=self.a, entry_id=entry_id, actor="user:op", now=self.now
+            entry_changes.entry_release, workspace=self.a, entry_id=entry_id, actor="user:op", now=self.now
         ):
             ACTIVITY["released"] += 1
 
@@ -624,11 +636,15 @@ class LifecycleMachine(RuleBasedStateMachine):
         b_ids = list(Entry.objects.filter(workspace=self.b).values_list("pk", flat=True))
         target = b_ids[pick % len(b_ids)]
         attempts = [
-            lambda: services.entry_tombstone(workspace=self.a, entry_id=target, now=self.now),
-            lambda: services.entry_restore(workspace=self.a, entry_id=target, now=self.now),
-            lambda: services.entry_update(workspace=self.a, entry_id=target, content="hijack", now=self.now),
-            lambda: services.entry_set_pinned(workspace=self.a, entry_id=target, pinned=True, now=self.now),
-            lambda: services.relationship_create(
+            lambda: entry_changes.entry_tombstone(workspace=self.a, entry_id=target, now=self.now),
+            lambda: entry_changes.entry_restore(workspace=self.a, entry_id=target, now=self.now),
+            lambda: entry_changes.entry_update(
+                workspace=self.a, entry_id=target, content="hijack", now=self.now
+            ),
+            lambda: entry_changes.entry_set_pinned(
+                workspace=self.a, entry_id=target, pinned=True, now=self.now
+            ),
+            lambda: relationships.relationship_create(
                 workspace=self.a, from_id=target, to_id=b_ids[(pick + 1) % len(b_ids)], now=self.now
             ),
             lambda: revert_entry(self.a, target, actor="user:op", now=self.now),

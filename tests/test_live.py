@@ -26,7 +26,7 @@ from console import live
 from console.consumers import WorkspaceLiveConsumer, WorkspaceMembershipMiddleware
 from maintenance.models import Dispute, MaintenanceRun
 from maintenance.runs import run_maintenance, steps
-from memory import events, services
+from memory import accounts, entry_changes, events, new_entries
 from memory.events import Relay, publish_html
 from memory.models import LiveMessage
 
@@ -50,7 +50,7 @@ def _communicator(user, slug):
 @pytest.fixture
 def member(workspace):
     user = get_user_model().objects.create_user("vera", password="x-very-long-password")
-    services.membership_set(workspace=workspace, user=user, role="viewer")
+    accounts.membership_set(workspace=workspace, user=user, role="viewer")
     return user
 
 
@@ -119,7 +119,7 @@ def _while_a_page_is_open(user, slug, action):
 
 
 def _entry(workspace, content, **fields):
-    return services.entry_create(workspace=workspace, content=content, **fields)
+    return new_entries.entry_create(workspace=workspace, content=content, **fields)
 
 
 def test_a_run_announces_its_start_and_its_end_with_the_live_runs_fragment(workspace, member):
@@ -252,7 +252,7 @@ def test_the_queue_counts_open_disputes_tombstones_and_recent_automatic_changes(
     b = _entry(workspace, "Never use tabs for indentation", entry_type="rule")
     Dispute.objects.create(workspace=workspace, entry_a_id=a.pk, entry_b_id=b.pk, detected_by="sweep")
     gone = _entry(workspace, "A scratch note nobody needs")
-    services.entry_tombstone(workspace=workspace, entry_id=gone.pk, actor="user:vera")
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk, actor="user:vera")
     _entry(other_workspace, "Another workspace's note")
 
     nothing = dict.fromkeys(live.QUEUE_KEYS, 0)
@@ -520,8 +520,8 @@ def test_a_hygiene_apply_through_the_api_updates_the_open_pages_review_counts(wo
     b = _entry(workspace, "Never use tabs for indentation", entry_type="rule")
     Dispute.objects.create(workspace=workspace, entry_a_id=a.pk, entry_b_id=b.pk, detected_by="sweep")
     gone = _entry(workspace, "A scratch note nobody needs")
-    services.entry_tombstone(workspace=workspace, entry_id=gone.pk, actor="user:vera")
-    secret = services.api_key_create(workspace=workspace, name="operator key", role="operator")[1]
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk, actor="user:vera")
+    secret = accounts.api_key_create(workspace=workspace, name="operator key", role="operator")[1]
     last = LiveMessage.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
 
     def apply() -> Any:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from memory import services
-from memory.models import Entry, Relationship, Status
+from memory import accounts
+from memory.models import Entry, Relationship
+from memory.models.choices import Status
 
 _PATH = Path(__file__).resolve().parent.parent / "bench" / "locomo_eval.py"
 _spec = importlib.util.spec_from_file_location("locomo_eval", _PATH)
@@ -164,7 +165,7 @@ def test_an_evaluation_writes_through_the_product_and_its_numbers_recount_from_t
 
     # What was written: per store 5 turns + 2 observations + 1 summary, with their links.
     for variant in le.VARIANTS:
-        ws = services.workspace_get(f"conv-t-{variant}")
+        ws = accounts.workspace_get(f"conv-t-{variant}")
         rows = Entry.objects.filter(workspace=ws)
         assert rows.count() == 8
         turns = rows.filter(tier="episodic")
@@ -178,14 +179,14 @@ def test_an_evaluation_writes_through_the_product_and_its_numbers_recount_from_t
         summary = rows.get(content__startswith="Ann and Bob")
         assert Relationship.objects.filter(from_entry=summary, type="evolves_from").count() == 3
     # The untouched store got no run; the others a full run and a decay sweep a day.
-    assert not services.workspace_get("conv-t-untouched").runs.exists()
+    assert not accounts.workspace_get("conv-t-untouched").runs.exists()
     days = sum(1 for _, kind, _ in le.timeline(conv, 2, (2,)) if kind == "day")
     assert days == 4
-    assert services.workspace_get("conv-t-maintained").runs.count() == 2 * days == result["runs"]
+    assert accounts.workspace_get("conv-t-maintained").runs.count() == 2 * days == result["runs"]
 
     # Recount the maintained checkpoint's numbers from the database as it is now (no day passed
     # after the last checkpoint, so the state is the checkpoint's).
-    ws = services.workspace_get("conv-t-maintained")
+    ws = accounts.workspace_get("conv-t-maintained")
     live = Entry.objects.filter(workspace=ws).exclude(status=Status.TOMBSTONED)
     live_turns = set(live.filter(tier="episodic").values_list("external_id", flat=True))
     live_covers = [

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection, transaction
 
 from maintenance import plan_snapshot
-from memory import services
+from memory import accounts, new_entries
 from memory.models import Entry
 from tests.helpers_runs import read_aside
 
@@ -25,8 +25,8 @@ def test_a_plan_on_sqlite_writes_into_a_copy_that_goes_away():
     if connection.vendor != "sqlite":
         assert not plan_snapshot.possible()
         pytest.skip("SQLite's plan only: PostgreSQL's plan writes no locked row")
-    ws = services.workspace_create(slug="copy", name="Copy", review_mode="apply")
-    entry = services.entry_create(workspace=ws, title="kept", content="the original text of this entry")
+    ws = accounts.workspace_create(slug="copy", name="Copy", review_mode="apply")
+    entry = new_entries.entry_create(workspace=ws, title="kept", content="the original text of this entry")
     before = _copies()
     connection.ensure_connection()
     source = connection.connection
@@ -63,10 +63,10 @@ def _mixed_workspace(now):
     duplicates, a tombstone past grace."""
     from datetime import timedelta
 
-    ws = services.workspace_create(slug="mixed", name="Mixed", review_mode="apply")
+    ws = accounts.workspace_create(slug="mixed", name="Mixed", review_mode="apply")
     when = [now - timedelta(days=d) for d in (1, 40, 100, 200, 400)]
     for i, created in enumerate(when * 4):
-        entry = services.entry_create(
+        entry = new_entries.entry_create(
             workspace=ws,
             content=f"note {i} about the cache layer and its retries, written while on call"
             if i % 3

@@ -10,7 +10,7 @@ from django.db import connection, connections
 
 from maintenance import passes, plan_status
 from maintenance.runs import run_maintenance
-from memory import services
+from memory import accounts, new_entries, relationships
 from memory.models import Entry, Relationship
 from memory.policy_model import MaintenancePolicy
 
@@ -29,7 +29,7 @@ def policy(workspace, **values):
 def make(workspace, now, content=None, *, age_days=0.0, **fields):
     writable = {k: fields.pop(k) for k in list(fields) if k in ("tier", "impact_score")}
     when = now - timedelta(days=age_days)
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=workspace,
         content=content or f"memory {Entry.objects.count()} about caching and retries",
         created_at=when,
@@ -101,7 +101,7 @@ def test_a_link_whose_ends_were_both_archived_earlier_in_the_run_is_pruned(works
     policy(workspace, archive_older_than_days=150, importance_threshold=0.5)
     a = make(workspace, now, age_days=200, tier="semantic")
     b = make(workspace, now, age_days=200, tier="semantic")
-    link, _ = services.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
+    link, _ = relationships.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
     real = dry_then_real(workspace, now, [])
     assert statuses(a, b) == ["archived", "archived"]
     assert real["counts"]["links_pruned"] == 1
@@ -112,7 +112,7 @@ def test_fragments_archived_earlier_in_the_run_leave_their_group_too_small_to_co
     policy(workspace, archive_older_than_days=150, importance_threshold=0.5)
     for n in range(11):  # 11 > consolidation_min_group (10); the two oldest are archived first (5)
         when = now - timedelta(days=200 if n < 2 else 20, minutes=n)
-        services.entry_create(
+        new_entries.entry_create(
             workspace=workspace,
             content=f"Step {n}: wired the login form validation and checked the session cookie",
             entry_type="development_note",
@@ -145,7 +145,7 @@ def test_a_plan_leaves_the_rows_it_changes_unlocked(monkeypatch, now):
     stale, at once: the plan wrote nothing into its row (on PostgreSQL the update would wait
     for the plan's rollback; on SQLite the plan reads a copy of the database, and a plan in
     the database itself would hold its write lock from its start)."""
-    ws = services.workspace_create(slug="unlocked", name="Unlocked", review_mode="apply")
+    ws = accounts.workspace_create(slug="unlocked", name="Unlocked", review_mode="apply")
     old = make(ws, now, age_days=100)
     outcome: dict[str, object] = {}
     original = passes.archive

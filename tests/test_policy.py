@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from memory import services
+from memory import accounts
 from memory.models import Workspace
 from memory.policy import LIMITS, PolicyValues, clamp_value, clean_tags
 from memory.policy_model import MaintenancePolicy
@@ -88,7 +88,7 @@ def test_policy_values_has_a_field_for_every_limit_and_exclude_tags():
 
 def test_a_new_workspace_proposes_and_an_unknown_review_mode_reads_as_propose(db):
     assert PolicyValues().review_mode == "propose"
-    ws = services.workspace_create(slug="fresh")
+    ws = accounts.workspace_create(slug="fresh")
     row = MaintenancePolicy.objects.get(workspace=ws)
     assert row.review_mode == "propose" and row.values().proposes
     row.review_mode = "yolo"
@@ -343,7 +343,7 @@ def test_the_row_values_are_the_clamped_policy_values(workspace):
 
 @pytest.mark.django_db
 def test_workspace_create_makes_exactly_one_policy_row(db):
-    ws = services.workspace_create(slug="solo")
+    ws = accounts.workspace_create(slug="solo")
     assert MaintenancePolicy.objects.filter(workspace=ws).count() == 1
 
 
@@ -399,7 +399,7 @@ def test_the_api_and_the_settings_page_both_write_through_it(workspace, monkeypa
         return write(cls, ws, changes)
 
     monkeypatch.setattr(MaintenancePolicy, "write", classmethod(recorded))
-    raw = services.api_key_create(workspace=workspace, name="admin", role="admin")[1]
+    raw = accounts.api_key_create(workspace=workspace, name="admin", role="admin")[1]
     response = Client().put(
         "/api/v1/policy",
         {"backups_keep": 8},
@@ -408,7 +408,7 @@ def test_the_api_and_the_settings_page_both_write_through_it(workspace, monkeypa
     )
     assert response.status_code == 200, response.content
     user = get_user_model().objects.create_user("boss", password="x")
-    services.membership_set(workspace=workspace, user=user, role="admin")
+    accounts.membership_set(workspace=workspace, user=user, role="admin")
     client = Client()
     client.force_login(user)
     row = MaintenancePolicy.objects.get(workspace=workspace)

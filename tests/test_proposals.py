@@ -17,9 +17,10 @@ from maintenance import hygiene, proposals, revert
 from maintenance.models import Backup, MaintenanceRun, Proposal
 from maintenance.runs import run_maintenance
 from maintenance.tasks import run_scheduled
-from memory import journal, services
+from memory import entry_changes, entry_signals, journal_export, new_entries
 from memory.errors import Conflict, InvalidInput
-from memory.models import Entry, LifecycleEvent, Status
+from memory.models import Entry, LifecycleEvent
+from memory.models.choices import Status
 from memory.policy_model import MaintenancePolicy
 from tests.helpers_scores import set_scores
 
@@ -39,7 +40,7 @@ def make(workspace, *, age_days=200.0, content=None, **fields):
     """An entry created ``age_days`` before NOW (cold after ~80 days unused); extra fields are
     set straight on the row."""
     at = NOW - timedelta(days=age_days)
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=workspace,
         content=content or f"memory {Entry.objects.count()} about caching, retries and queues",
         created_at=at,
@@ -79,7 +80,7 @@ def test_a_restored_entry_survives_scheduled_and_cli_runs_for_weeks(workspace):
     entry = make(workspace)
     assert run(workspace)["counts"]["evicted"] == 1
     assert status(entry) == Status.TOMBSTONED
-    services.entry_restore(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=NOW)
+    entry_changes.entry_restore(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=NOW)
     restored = Entry.objects.get(pk=entry.pk)
     assert (restored.status, restored.hold_reason, restored.held_by) == (Status.ACTIVE, "restore", "user:ops")
     for day in (1, 3, 10, 30):
@@ -110,21 +111,21 @@ def test_a_whole_run_reverted_stays_reverted_through_30_days_of_decay_sweeps(wor
 
 def test_a_held_entry_with_an_expired_ttl_stays(workspace):
     entry = make(workspace, age_days=1, expires_at=NOW - timedelta(days=5))
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=NOW - timedelta(days=1))
-    services.entry_restore(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=NOW)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=NOW - timedelta(days=1))
+    entry_changes.entry_restore(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=NOW)
     result = run(workspace, NOW + timedelta(hours=1))
     assert result["counts"]["expired"] == 0 and result["counts"]["held_skipped"] == 1
     assert status(entry) == Status.ACTIVE
     # Without the hold the writer's TTL is honoured again.
-    services.entry_release(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=NOW)
+    entry_changes.entry_release(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=NOW)
     assert run(workspace, NOW + timedelta(hours=2))["counts"]["expired"] == 1
 
 
 def test_a_new_version_of_a_held_entry_is_not_held(workspace):
     entry = make(workspace)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=NOW)
-    services.entry_restore(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=NOW)
-    updated = services.entry_update(
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=NOW)
+    entry_changes.entry_restore(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=NOW)
+    updated = entry_changes.entry_update(
         workspace=workspace, entry_id=entry.pk, content="rewritten: the queue retries three times", now=NOW
     )
     assert updated.new_version
@@ -135,16 +136,16 @@ def test_a_new_version_of_a_held_entry_is_not_held(workspace):
 
 def test_a_field_change_in_place_keeps_the_hold(workspace):
     entry = make(workspace)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=NOW)
-    services.entry_restore(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=NOW)
-    services.entry_update(workspace=workspace, entry_id=entry.pk, title="renamed", now=NOW)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=NOW)
+    entry_changes.entry_restore(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=NOW)
+    entry_changes.entry_update(workspace=workspace, entry_id=entry.pk, title="renamed", now=NOW)
     assert Entry.objects.get(pk=entry.pk).hold_reason == "restore"
 
 
 def test_a_hold_expires_after_operator_hold_days(workspace):
     entry = make(workspace)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=NOW)
-    services.entry_restore(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=NOW)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=NOW)
+    entry_changes.entry_restore(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=NOW)
     policy(workspace, operator_hold_days=7)
     assert run(workspace, NOW + timedelta(days=6))["counts"]["evicted"] == 0
     assert status(entry) == Status.ACTIVE
@@ -153,15 +154,15 @@ def test_a_hold_expires_after_operator_hold_days(workspace):
 
 def test_release_ends_the_hold_and_records_who_had_held_it(workspace):
     entry = make(workspace)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=NOW)
-    services.entry_restore(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=NOW)
-    released = services.entry_release(workspace=workspace, entry_id=entry.pk, actor="user:lead", now=NOW)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=NOW)
+    entry_changes.entry_restore(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=NOW)
+    released = entry_changes.entry_release(workspace=workspace, entry_id=entry.pk, actor="user:lead", now=NOW)
     assert released.held_at is None
     event = LifecycleEvent.objects.filter(entry=entry, reason="release").get()
     assert event.actor == "user:lead" and event.from_status == event.to_status == Status.ACTIVE
     assert event.details["held_by"] == "user:ops" and event.details["hold_reason"] == "restore"
     with pytest.raises(Conflict):
-        services.entry_release(workspace=workspace, entry_id=entry.pk, actor="user:lead", now=NOW)
+        entry_changes.entry_release(workspace=workspace, entry_id=entry.pk, actor="user:lead", now=NOW)
 
 
 def test_release_of_another_workspaces_entry_is_not_found(workspace, other_workspace):
@@ -169,7 +170,7 @@ def test_release_of_another_workspaces_entry_is_not_found(workspace, other_works
 
     theirs = make(other_workspace)
     with pytest.raises(NotFound):
-        services.entry_release(workspace=workspace, entry_id=theirs.pk, actor="user:ops")
+        entry_changes.entry_release(workspace=workspace, entry_id=theirs.pk, actor="user:ops")
 
 
 def test_keep_and_a_dispute_resolved_in_favour_hold_the_entries(workspace):
@@ -217,7 +218,7 @@ def _mixed_workspace(workspace):
         ),
     }
     gone = make(workspace, age_days=1)
-    services.entry_tombstone(workspace=workspace, entry_id=gone.pk, now=NOW - timedelta(days=400))
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk, now=NOW - timedelta(days=400))
     made["past_grace"] = gone
     return made
 
@@ -230,7 +231,7 @@ def test_a_propose_mode_run_proposes_exactly_what_an_apply_mode_dry_run_would_do
     dry = run(workspace, dry_run=True)
     assert dry["status"] == "succeeded"
     before = snapshot(propose_workspace)
-    exported_before = list(journal.export_records(propose_workspace))
+    exported_before = list(journal_export.export_records(propose_workspace))
 
     result = run(propose_workspace)
 
@@ -271,7 +272,7 @@ def test_a_propose_mode_run_proposes_exactly_what_an_apply_mode_dry_run_would_do
             continue  # stale marking applies in propose mode
         assert row == old, pk
     assert result["counts"]["hard_deleted"] == 1 and result["counts"]["stale_marked"] >= 1
-    exported_after = list(journal.export_records(propose_workspace))
+    exported_after = list(journal_export.export_records(propose_workspace))
     strip = ("status", "importance", "retention")
     assert [{k: v for k, v in r.items() if k not in strip} for r in exported_after] == [
         {k: v for k, v in r.items() if k not in strip} for r in exported_before
@@ -291,7 +292,7 @@ def test_a_newer_run_confirms_supersedes_and_adds_without_duplicates(propose_wor
     first_cold = [make(propose_workspace, age_days=150 + i) for i in range(3)]
     first = run(propose_workspace)
     assert open_ids(propose_workspace) == sorted(e.pk for e in first_cold)
-    services.entry_record_access(
+    entry_signals.entry_record_access(
         workspace=propose_workspace, entry_id=first_cold[0].pk, actor="agent", now=NOW
     )
     newly_cold = make(propose_workspace, age_days=100)
@@ -345,7 +346,9 @@ def test_approving_after_the_data_moved_skips_with_why(propose_workspace):
     accessed, pinned, held, fine = (make(propose_workspace, age_days=150 + i) for i in range(4))
     run(propose_workspace)
     later = NOW + timedelta(hours=1)
-    services.entry_record_access(workspace=propose_workspace, entry_id=accessed.pk, actor="agent", now=later)
+    entry_signals.entry_record_access(
+        workspace=propose_workspace, entry_id=accessed.pk, actor="agent", now=later
+    )
     Entry.objects.filter(pk=pinned.pk).update(pinned=True)
     hygiene.keep(propose_workspace, [held.pk], actor="user:other", now=later)
     done = proposals.approve(propose_workspace, all=True, actor="user:ops", now=later)
@@ -469,7 +472,9 @@ def test_a_propose_mode_run_whose_backup_fails_changes_nothing(propose_workspace
     policy(propose_workspace, stale_after_days=30)
     staling = make(propose_workspace, age_days=40, tier="semantic")
     gone = make(propose_workspace, age_days=1)
-    services.entry_tombstone(workspace=propose_workspace, entry_id=gone.pk, now=NOW - timedelta(days=400))
+    entry_changes.entry_tombstone(
+        workspace=propose_workspace, entry_id=gone.pk, now=NOW - timedelta(days=400)
+    )
 
     def broken(*args, **kwargs):
         raise OSError("disk full")

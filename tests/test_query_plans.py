@@ -24,7 +24,9 @@ from django.db import connection
 from django.db.models import F
 
 from memory import selectors
-from memory.models import Entry, Status, count_index
+from memory.models import Entry
+from memory.models.choices import Status
+from memory.models.entries import count_index
 from memory.search import _visible
 
 

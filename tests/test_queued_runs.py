@@ -32,7 +32,7 @@ from maintenance.models import MaintenanceRun
 from maintenance.revert import revert_run
 from maintenance.runs import rows_done, run_maintenance, steps
 from maintenance.tasks import dispatch_due_maintenance, run_queued
-from memory import services
+from memory import accounts, new_entries
 from memory.models import Entry, LifecycleEvent, LiveMessage
 from tests.helpers_runs import finish_queued, post_run, queued_tasks, work_queued_runs
 from tests.helpers_subprocess import (
@@ -58,7 +58,7 @@ def _backups(settings, tmp_path):
 @pytest.fixture
 def key(workspace) -> Callable[[str], str]:
     def make(role: str) -> str:
-        return services.api_key_create(workspace=workspace, name=f"{role} key", role=role)[1]
+        return accounts.api_key_create(workspace=workspace, name=f"{role} key", role=role)[1]
 
     return make
 
@@ -67,7 +67,7 @@ def cold(workspace, n: int = 1) -> list[Entry]:
     """Episodic entries old enough for the decay pass to tombstone them."""
     then = timezone.now() - timedelta(days=200)
     return [
-        services.entry_create(
+        new_entries.entry_create(
             workspace=workspace, content=f"cold memory {i} about retries", created_at=then, now=then
         )
         for i in range(n)
@@ -271,7 +271,7 @@ def test_the_run_page_lists_a_real_runs_entries_from_its_events(workspace, monke
     entries = sorted(e.pk for e in cold(workspace, 3))
     real = run_maintenance(workspace=workspace, kind="decay")
     user = get_user_model().objects.create_user(username="viewer", password="x")
-    services.membership_set(workspace=workspace, user=user, role="viewer")
+    accounts.membership_set(workspace=workspace, user=user, role="viewer")
     client = Client()
     client.force_login(user)
     html = client.get(f"/console/acme/runs/{real['run_id']}/").content.decode()
@@ -285,7 +285,7 @@ def test_a_queued_run_page_says_it_is_queued(workspace, key):
 
     response = post_run("/maintenance/run", key("operator"), {"dry_run": False})
     user = get_user_model().objects.create_user(username="viewer", password="x")
-    services.membership_set(workspace=workspace, user=user, role="viewer")
+    accounts.membership_set(workspace=workspace, user=user, role="viewer")
     client = Client()
     client.force_login(user)
     html = client.get(f"/console/acme/runs/{response.json()['run_id']}/").content.decode()
@@ -382,19 +382,19 @@ def test_the_mcp_preview_of_a_large_workspace_answers_the_queued_run_as_a_result
     MCP server's path to its result): queued, it is a result naming the run, not an error."""
     from django.test import RequestFactory
 
-    from api import mcp
+    from api import mcp_calls, mcp_tools
     from memory.auth import Principal
 
     cold(workspace, 3)
     request = RequestFactory().post("/mcp")
     request.principal = Principal(workspace=workspace, role="agent", actor="key:test")  # type: ignore[attr-defined]
-    spec = next(t for t in mcp.TOOLS if t.name == "memory_maintenance_preview")
+    spec = next(t for t in mcp_tools.TOOLS if t.name == "memory_maintenance_preview")
     args = spec.args.model_validate({"kind": "decay", "top": 2})
-    inline, _ = mcp.dump(spec.out, spec.run(request, args), request)
+    inline, _ = mcp_calls.dump(spec.out, spec.run(request, args), request)
     assert (inline["status"], inline["affected_counts"]["tombstoned"]) == ("succeeded", 3)
     assert inline["url"] is None
     settings.MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES = 2
-    queued, _ = mcp.dump(spec.out, spec.run(request, args), request)
+    queued, _ = mcp_calls.dump(spec.out, spec.run(request, args), request)
     assert (queued["status"], queued["dry_run"], queued["kind"]) == ("queued", True, "decay")
     assert queued["url"] == f"/api/v1/maintenance/runs/{queued['run_id']}"
     assert queued["counts"] is None and queued["affected_top"] is None
@@ -412,7 +412,7 @@ def test_the_plans_progress_is_written_from_a_side_connection(monkeypatch, setti
     from tests.helpers_runs import read_aside
 
     settings.BACKUP_DIR = tmp_path / "backups"
-    ws = services.workspace_create(slug="long-plan", name="Long plan", review_mode="apply")
+    ws = accounts.workspace_create(slug="long-plan", name="Long plan", review_mode="apply")
     cold(ws, 2)
     monkeypatch.setattr(runs, "ASIDE_EVERY", 0.0)
     seen: list[dict[str, Any]] = []
@@ -484,7 +484,7 @@ def test_run_now_the_broker_refuses_shows_the_failed_run(workspace, refusing_bro
     from django.contrib.auth import get_user_model
 
     user = get_user_model().objects.create_user(username="op", password="x")
-    services.membership_set(workspace=workspace, user=user, role="operator")
+    accounts.membership_set(workspace=workspace, user=user, role="operator")
     client = Client()
     client.force_login(user)
     response = client.post("/console/acme/run/", {"dry_run": "0"})

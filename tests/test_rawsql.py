@@ -8,7 +8,7 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.test.utils import CaptureQueriesContext
 
-from memory import rawsql, services
+from memory import new_entries, rawsql
 from memory.models import Entry
 
 
@@ -62,7 +62,7 @@ def test_converters_are_those_of_the_calling_threads_connection():
 
 @pytest.mark.django_db
 def test_any_of_matches_what_in_matches_with_one_parameter_on_postgresql(workspace):
-    ids = [services.entry_create(workspace=workspace, content=f"note {i}").pk for i in range(5)]
+    ids = [new_entries.entry_create(workspace=workspace, content=f"note {i}").pk for i in range(5)]
     wanted = [ids[0], ids[3], 10**12]  # an id nobody has matches nothing
     entries = Entry.objects.filter(workspace=workspace)
 

@@ -7,7 +7,7 @@ from django.core.management import call_command
 
 from maintenance.revert import revert_entry, revert_run, revert_selection
 from maintenance.runs import run_maintenance
-from memory import services
+from memory import entry_changes, new_entries, relationships
 from memory.errors import NotFound
 from memory.models import Entry, LifecycleEvent, Relationship, Tombstone
 from memory.policy_model import MaintenancePolicy
@@ -21,7 +21,7 @@ def _backups(settings, tmp_path):
 
 
 def old(workspace, now, days=100, **fields):
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=workspace,
         content=f"note {Entry.objects.count()}",
         created_at=now - timedelta(days=days),
@@ -41,7 +41,7 @@ def test_reverting_a_run_brings_back_everything_it_archived_and_tombstoned(works
     stale = old(workspace, now, days=500, status="stale", status_changed_at=now - timedelta(days=200))
     archived_a = old(workspace, now, status="archived", archived_at=now)
     archived_b = old(workspace, now, status="archived", archived_at=now)
-    link, _ = services.relationship_create(
+    link, _ = relationships.relationship_create(
         workspace=workspace, from_id=archived_a.pk, to_id=archived_b.pk, now=now
     )
     result = run_maintenance(workspace=workspace, now=now)
@@ -112,12 +112,14 @@ def test_a_revert_rescores_exactly_the_entries_whose_counted_links_changed(works
     from memory.scoring_db import refresh_scores
 
     cold = old(workspace, now, expires_at=now - timedelta(days=1))  # a TTL tombstones a linked entry too
-    partner = services.entry_create(workspace=workspace, content="a fresh partner note", now=now)
-    services.relationship_create(workspace=workspace, from_id=partner.pk, to_id=cold.pk, now=now)
+    partner = new_entries.entry_create(workspace=workspace, content="a fresh partner note", now=now)
+    relationships.relationship_create(workspace=workspace, from_id=partner.pk, to_id=cold.pk, now=now)
     stale = old(workspace, now, days=500, status="stale", status_changed_at=now - timedelta(days=200))
     archived_a = old(workspace, now, status="archived", archived_at=now)
     archived_b = old(workspace, now, status="archived", archived_at=now)
-    services.relationship_create(workspace=workspace, from_id=archived_a.pk, to_id=archived_b.pk, now=now)
+    relationships.relationship_create(
+        workspace=workspace, from_id=archived_a.pk, to_id=archived_b.pk, now=now
+    )
     run_id = run_maintenance(workspace=workspace, now=now)["run_id"]
     assert (status(cold), status(stale)) == ("tombstoned", "archived")
     later = now + timedelta(days=3)
@@ -143,8 +145,8 @@ def test_a_revert_rescores_exactly_the_entries_whose_counted_links_changed(works
 def test_a_revert_skips_entries_changed_since(workspace, now):
     a, b = old(workspace, now), old(workspace, now)
     result = run_maintenance(workspace=workspace, now=now)
-    services.entry_restore(workspace=workspace, entry_id=a.pk, now=now + timedelta(minutes=1))
-    services.entry_tombstone(workspace=workspace, entry_id=a.pk, now=now + timedelta(minutes=2))
+    entry_changes.entry_restore(workspace=workspace, entry_id=a.pk, now=now + timedelta(minutes=1))
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=a.pk, now=now + timedelta(minutes=2))
     reverted = revert_run(workspace, result["run_id"], actor="user:op", now=now + timedelta(minutes=3))
     assert reverted == {
         "reverted": [b.pk],
@@ -166,7 +168,7 @@ def test_revert_entry_and_selection_undo_the_newest_automatic_transition(workspa
 
 
 def test_staged_expiry_then_ttl_in_one_run_reverts_to_staged(workspace, now):
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=workspace,
         content="x",
         staged_class="evidence",
@@ -217,7 +219,9 @@ def test_an_archive_stays_revertible_after_the_entry_gets_new_content(workspace,
     MaintenancePolicy.objects.filter(workspace=workspace).update(cold_threshold=0.0)
     result = run_maintenance(workspace=workspace, now=now)
     assert status(stale) == "archived"
-    newer = services.entry_update(workspace=workspace, entry_id=stale.pk, content="rewritten", now=now).entry
+    newer = entry_changes.entry_update(
+        workspace=workspace, entry_id=stale.pk, content="rewritten", now=now
+    ).entry
     assert status(newer) == "archived"
     reverted = revert_run(workspace, result["run_id"], actor="user:op", now=now + timedelta(minutes=1))
     assert reverted["reverted"] == [newer.pk]
@@ -231,7 +235,7 @@ def test_the_lookup_of_a_huge_revert_stays_within_the_databases_parameter_limits
     70,000 ids that name no entry need no rows to show it."""
     from maintenance.revert import _latest_ids
 
-    entry = services.entry_create(workspace=workspace, content="the one entry that exists here")
+    entry = new_entries.entry_create(workspace=workspace, content="the one entry that exists here")
     assert _latest_ids(workspace, [entry.pk, *range(10**9, 10**9 + 70_000)]) == {entry.pk: entry.pk}
 
 

@@ -10,7 +10,7 @@ from django.core.management import call_command
 from maintenance.lease import acquire, new_holder
 from maintenance.models import MaintenanceRun
 from maintenance.runs import COUNT_KEYS, decay_result, prune_result, run_maintenance
-from memory import journal, services
+from memory import accounts, entry_changes, journal_export, journal_import, new_entries, relationships
 from memory.models import Entry, LifecycleEvent, Relationship, Tombstone
 from memory.policy_model import MaintenancePolicy
 from tests.helpers_scores import set_scores
@@ -33,7 +33,7 @@ def policy(workspace, **values):
 def make(workspace, now, *, age_days=0.0, **fields):
     """An entry created age_days before now; extra fields are set straight on the row."""
     tags = fields.pop("tags", None)
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=workspace,
         content=fields.pop("content", f"memory {Entry.objects.count()} about caching and retries"),
         created_at=now - timedelta(days=age_days),
@@ -114,7 +114,7 @@ def test_decay_never_touches_protected_or_high_value_entries(workspace, now):
     ]
     linked = make(workspace, now, age_days=200)
     anchor = make(workspace, now, age_days=1)
-    services.relationship_create(workspace=workspace, from_id=linked.pk, to_id=anchor.pk, now=now)
+    relationships.relationship_create(workspace=workspace, from_id=linked.pk, to_id=anchor.pk, now=now)
     victim = make(workspace, now, age_days=200)
     policy(workspace, exclude_tags=["keep"])
     run(workspace, now)
@@ -132,7 +132,7 @@ def test_an_entry_a_newer_one_evolved_from_is_absorbed_not_high_value(workspace,
     absorbed = make(workspace, now, age_days=200)
     referenced = make(workspace, now, age_days=200)
     for target, kind in ((absorbed, "evolves_from"), (referenced, "references")):
-        services.entry_create(
+        new_entries.entry_create(
             workspace=workspace,
             content=f"a semantic note drawn from {target.pk}",
             tier="semantic",
@@ -141,7 +141,7 @@ def test_an_entry_a_newer_one_evolved_from_is_absorbed_not_high_value(workspace,
         )
     newer = make(workspace, now, age_days=200)
     older = make(workspace, now, age_days=1)
-    services.relationship_create(
+    relationships.relationship_create(
         workspace=workspace, from_id=newer.pk, to_id=older.pk, type="evolves_from", now=now
     )
     result = run(workspace, now)
@@ -169,24 +169,24 @@ def test_ttl_beats_pin_but_not_an_operator_source(workspace, now):
 
 
 def test_staged_traces_graduate_when_reinforced_or_dispatched_twice(workspace, now):
-    proc = services.entry_create(
+    proc = new_entries.entry_create(
         workspace=workspace,
         content="run migrations before deploy",
         staged_class="procedural",
         now=now,
         trust_score=0.8,
     )
-    ref = services.entry_create(
+    ref = new_entries.entry_create(
         workspace=workspace,
         content="the API docs live at /docs",
         staged_class="reference",
         entry_type="research",
         now=now,
     )
-    once = services.entry_create(
+    once = new_entries.entry_create(
         workspace=workspace, content="tried a cache once", staged_class="conceptual", now=now
     )
-    evidence = services.entry_create(
+    evidence = new_entries.entry_create(
         workspace=workspace, content="log line seen", staged_class="evidence", now=now
     )
     Entry.objects.filter(pk__in=[proc.pk, evidence.pk]).update(reinforced_at=now)
@@ -210,21 +210,21 @@ def test_staged_traces_graduate_when_reinforced_or_dispatched_twice(workspace, n
 
 
 def test_unreinforced_staged_traces_expire_at_their_ttl(workspace, now):
-    expired = services.entry_create(
+    expired = new_entries.entry_create(
         workspace=workspace,
         content="a",
         staged_class="evidence",
         created_at=now - timedelta(days=14),
         now=now,
     )
-    fresh = services.entry_create(
+    fresh = new_entries.entry_create(
         workspace=workspace,
         content="b",
         staged_class="evidence",
         created_at=now - timedelta(days=13),
         now=now,
     )
-    kept = services.entry_create(
+    kept = new_entries.entry_create(
         workspace=workspace,
         content="c",
         staged_class="evidence",
@@ -369,8 +369,8 @@ def test_links_between_two_gone_entries_are_pruned_not_deleted(workspace, now):
     a = make(workspace, now, status="archived", archived_at=now)
     b = make(workspace, now, status="archived", archived_at=now)
     c = make(workspace, now)
-    gone, _ = services.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
-    alive, _ = services.relationship_create(workspace=workspace, from_id=a.pk, to_id=c.pk, now=now)
+    gone, _ = relationships.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
+    alive, _ = relationships.relationship_create(workspace=workspace, from_id=a.pk, to_id=c.pk, now=now)
     result = run(workspace, now)
     assert result["counts"]["links_pruned"] == 1
     assert Relationship.objects.get(pk=gone.pk).pruned_at == now
@@ -379,12 +379,12 @@ def test_links_between_two_gone_entries_are_pruned_not_deleted(workspace, now):
 
 def test_purge_waits_for_the_grace_then_removes_the_whole_lineage(workspace, now):
     entry = make(workspace, now - timedelta(days=10))
-    newer = services.entry_update(
+    newer = entry_changes.entry_update(
         workspace=workspace, entry_id=entry.pk, content="second version", now=now - timedelta(days=10)
     ).entry
     other = make(workspace, now)
-    services.relationship_create(workspace=workspace, from_id=newer.pk, to_id=other.pk, now=now)
-    services.entry_tombstone(workspace=workspace, entry_id=newer.pk, now=now - timedelta(days=180))
+    relationships.relationship_create(workspace=workspace, from_id=newer.pk, to_id=other.pk, now=now)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=newer.pk, now=now - timedelta(days=180))
     early = run(workspace, now - timedelta(seconds=1), kind="decay")
     assert early["counts"]["hard_deleted"] == 0
     result = run(workspace, now, kind="decay")
@@ -401,7 +401,7 @@ def test_purge_waits_for_the_grace_then_removes_the_whole_lineage(workspace, now
 
 def test_hard_delete_older_than_days_replaces_the_grace(workspace, now):
     entry = make(workspace, now)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now - timedelta(days=3))
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now - timedelta(days=3))
     assert (
         run(workspace, now, kind="prune", params={"hard_delete_older_than_days": 4})["counts"]["hard_deleted"]
         == 0
@@ -432,7 +432,7 @@ def test_the_decay_sweep_reports_evicted_and_expired_entries(workspace, now):
 
 
 def _snapshot(workspace):
-    records = list(journal.export_records(workspace))
+    records = list(journal_export.export_records(workspace))
     rows = list(Entry.objects.filter(workspace=workspace).order_by("pk").values())
     return (
         records,
@@ -444,7 +444,9 @@ def _snapshot(workspace):
 
 
 def _busy_workspace(workspace, now):
-    journal.import_journal(workspace=workspace, path=journal.SAMPLE_PATH, now=now - timedelta(days=30))
+    journal_import.import_journal(
+        workspace=workspace, path=journal_import.SAMPLE_PATH, now=now - timedelta(days=30)
+    )
     policy(workspace, max_tombstone_fraction=1.0, prune_older_than_days=3000, importance_threshold=0.2)
     ids = list(Entry.objects.filter(workspace=workspace).order_by("pk").values_list("pk", flat=True))
     Entry.objects.filter(pk__in=ids[:20]).update(status="archived", archived_at=now - timedelta(days=400))
@@ -531,7 +533,7 @@ def test_an_expired_lease_is_taken_over_and_the_dead_run_marked_failed(workspace
 def test_a_run_never_touches_another_workspace(workspace, other_workspace, now):
     mine = make(workspace, now, age_days=100)
     theirs = make(other_workspace, now, age_days=100)
-    services.entry_tombstone(
+    entry_changes.entry_tombstone(
         workspace=other_workspace, entry_id=make(other_workspace, now).pk, now=now - timedelta(days=400)
     )
     before = list(Entry.objects.filter(workspace=other_workspace).order_by("pk").values())
@@ -618,7 +620,7 @@ def test_prune_and_sweep_commands_print_their_shapes(workspace, now):
 
 def test_lowering_the_grace_never_purges_before_the_countdown_shown(workspace, now):
     entry = make(workspace, now)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now - timedelta(days=2))
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now - timedelta(days=2))
     policy(workspace, tombstone_grace_days=1)
     assert run(workspace, now, kind="decay")["counts"]["hard_deleted"] == 0
     assert Tombstone.objects.get(entry_ref=entry.pk).purge_after == now - timedelta(days=2) + timedelta(
@@ -631,7 +633,7 @@ def test_a_second_run_at_the_same_now_keeps_a_guard_given_by_a_link_the_first_ru
     # the run started) and tombstones F; run 2 at the same `now` must decide exactly the same.
     cold = make(workspace, now, age_days=85)  # cold (retention 0.18) but not yet stale (90 days)
     fading = make(workspace, now, expires_at=now - timedelta(minutes=1))
-    services.relationship_create(workspace=workspace, from_id=cold.pk, to_id=fading.pk, now=now)
+    relationships.relationship_create(workspace=workspace, from_id=cold.pk, to_id=fading.pk, now=now)
     first = run(workspace, now)
     assert (status(cold), status(fading)) == ("active", "tombstoned")
     assert first["counts"]["expired"] == 1 and first["counts"]["evicted"] == 0
@@ -654,7 +656,7 @@ def test_a_plan_renews_its_lease_from_a_side_connection(monkeypatch, now, settin
     from tests.helpers_runs import read_aside
 
     settings.BACKUP_DIR = tmp_path / "backups"
-    ws = services.workspace_create(slug="long-plan", name="Long plan", review_mode="apply")
+    ws = accounts.workspace_create(slug="long-plan", name="Long plan", review_mode="apply")
     make(ws, now, age_days=400)
     monkeypatch.setattr(lease, "KEEP_ALIVE_EVERY", 0.0)
     seen = []
@@ -688,7 +690,7 @@ def test_the_lease_is_renewed_while_the_pre_prune_backup_is_written(monkeypatch,
 
     if connection.vendor != "postgresql":
         pytest.skip("watched from a second connection: PostgreSQL here")
-    ws = services.workspace_create(slug="long-backup", name="Long backup", review_mode="apply")
+    ws = accounts.workspace_create(slug="long-backup", name="Long backup", review_mode="apply")
     make(ws, now, age_days=100)
     monkeypatch.setattr(lease, "KEEP_ALIVE_EVERY", 0.0)
     seen = []
@@ -726,7 +728,7 @@ def test_a_renewal_that_fails_while_the_backup_is_written_does_not_fail_the_run(
     renewal that raises — a busy SQLite, a refused connection — is logged, not raised."""
     from maintenance import lease
 
-    workspace = services.workspace_create(slug="broken-renewal", name="Broken renewal", review_mode="apply")
+    workspace = accounts.workspace_create(slug="broken-renewal", name="Broken renewal", review_mode="apply")
     make(workspace, now, age_days=100)
     monkeypatch.setattr(lease, "KEEP_ALIVE_EVERY", 0.0)
     tried = []

@@ -21,7 +21,7 @@ from django_q.tasks import async_task
 from maintenance import signals, tasks
 from maintenance.models import MaintenanceRun, RunKind, RunStatus, RunTrigger
 from maintenance.schedules import SCHEDULES, ScheduleSpec, sync_schedules
-from memory import services
+from memory import accounts, new_entries
 from memory.models import Workspace
 from memory.policy import PolicyValues
 from memory.policy_model import MaintenancePolicy
@@ -455,7 +455,7 @@ def test_other_tasks_in_the_queue_are_ignored(workspace, now):
 def _workspaces(count, now, *, maintained):
     made = []
     for i in range(count):
-        ws = services.workspace_create(slug=f"ws-{i:03d}")
+        ws = accounts.workspace_create(slug=f"ws-{i:03d}")
         if maintained:
             recently_maintained(ws, now)
         made.append(ws)
@@ -536,7 +536,7 @@ def test_two_dispatchers_at_once_enqueue_each_due_run_once(now):
 
 
 def test_run_scheduled_records_a_run_triggered_by_the_schedule(workspace, now):
-    services.entry_create(workspace=workspace, content="A memory worth keeping for a while", now=now)
+    new_entries.entry_create(workspace=workspace, content="A memory worth keeping for a while", now=now)
 
     result = tasks.run_scheduled(workspace.pk, "decay")
 
@@ -556,7 +556,7 @@ def test_run_scheduled_for_a_deleted_workspace_does_nothing(workspace):
 def test_in_q2_sync_mode_a_dispatch_runs_a_fresh_workspace_maintenance_inline(workspace, now, monkeypatch):
     # q2's sync mode runs each task inline through its worker and monitor (no cluster, no queue).
     monkeypatch.setattr(Conf, "SYNC", True)
-    services.entry_create(workspace=workspace, content="A memory worth keeping for a while", now=now)
+    new_entries.entry_create(workspace=workspace, content="A memory worth keeping for a while", now=now)
 
     first = tasks.dispatch_due_maintenance()
     second = tasks.dispatch_due_maintenance()

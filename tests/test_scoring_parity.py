@@ -11,8 +11,9 @@ from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from memory import services
-from memory.models import CAUSAL_TYPES, CodeAnchor, Entry, EntryAccess, Relationship, Workspace
+from memory import accounts, entry_changes, new_entries
+from memory.models import CodeAnchor, Entry, EntryAccess, Relationship, Workspace
+from memory.models.choices import CAUSAL_TYPES
 from memory.scoring import DecayParams, importance, retention
 from memory.scoring_db import FEW_IDS, refresh_scores, rescore
 from tests.helpers_scores import set_scores
@@ -217,8 +218,8 @@ def test_sql_scores_match_python_to_1e_9(seed, size, params, now):
 
 
 def test_old_versions_are_not_rescored(workspace, now):
-    entry = services.entry_create(workspace=workspace, content="first")
-    new = services.entry_update(workspace=workspace, entry_id=entry.pk, content="second").entry
+    entry = new_entries.entry_create(workspace=workspace, content="first")
+    new = entry_changes.entry_update(workspace=workspace, entry_id=entry.pk, content="second").entry
     set_scores([entry.pk], importance=0.123, retention=0.456)
     refresh_scores(workspace, now=now + timedelta(days=400))
     old = Entry.objects.get(pk=entry.pk)
@@ -227,8 +228,8 @@ def test_old_versions_are_not_rescored(workspace, now):
 
 
 def test_refresh_is_scoped_to_one_workspace(workspace, other_workspace, now):
-    mine = services.entry_create(workspace=workspace, content="mine")
-    theirs = services.entry_create(workspace=other_workspace, content="theirs")
+    mine = new_entries.entry_create(workspace=workspace, content="mine")
+    theirs = new_entries.entry_create(workspace=other_workspace, content="theirs")
     set_scores([theirs.pk], importance=0.777, scored_at=None)
     assert refresh_scores(workspace, now=now) == 1
     theirs.refresh_from_db()
@@ -248,8 +249,8 @@ def _queries_for_refresh(workspace, count, now):
 
 
 def test_refresh_issues_the_same_number_of_queries_for_10_or_500_entries(db, now):
-    small = _queries_for_refresh(services.workspace_create(slug="small"), 10, now)
-    large = _queries_for_refresh(services.workspace_create(slug="large"), 500, now)
+    small = _queries_for_refresh(accounts.workspace_create(slug="small"), 10, now)
+    large = _queries_for_refresh(accounts.workspace_create(slug="large"), 500, now)
     assert small == large
 
 
@@ -272,10 +273,10 @@ def test_refresh_issues_the_same_number_of_queries_for_10_or_500_entries(db, now
 def test_a_new_entry_is_stored_with_the_scores_a_refresh_computes(workspace, now, fields, age_days):
     """A create without links scores the entry in Python with the INSERT; the SQL twin,
     run afterwards, must find nothing to change."""
-    from memory import services
+    from memory import new_entries
 
     with CaptureQueriesContext(connection) as ctx:
-        entry = services.entry_create(
+        entry = new_entries.entry_create(
             workspace=workspace,
             content="scored on write",
             now=now,
@@ -308,20 +309,22 @@ def test_a_new_entry_created_with_links_is_stored_with_the_scores_a_refresh_comp
     created with) and rescores only its targets; the SQL twin, run afterwards over the new
     entry and every target, must find nothing to change. The targets include a staged and an
     archived entry (both count) and an old version's id (the link goes to its latest)."""
-    from memory import services
+    from memory import entry_changes, new_entries
 
-    staged = services.entry_create(workspace=workspace, content="staged", staged_class="evidence", now=now)
-    archived = services.entry_create(workspace=workspace, content="archived", now=now)
-    services.entry_set_status(
+    staged = new_entries.entry_create(workspace=workspace, content="staged", staged_class="evidence", now=now)
+    archived = new_entries.entry_create(workspace=workspace, content="archived", now=now)
+    entry_changes.entry_set_status(
         workspace=workspace, entry_id=archived.pk, status="archived", reason="test", now=now
     )
-    old = services.entry_create(workspace=workspace, content="old version", now=now)
-    latest = services.entry_update(workspace=workspace, entry_id=old.pk, content="new version", now=now).entry
+    old = new_entries.entry_create(workspace=workspace, content="old version", now=now)
+    latest = entry_changes.entry_update(
+        workspace=workspace, entry_id=old.pk, content="new version", now=now
+    ).entry
     targets = [staged.pk, archived.pk, old.pk]
     links = [{"to_id": targets[i % 3], "type": t} for i, t in enumerate(link_types)]
     links.append({"to_id": latest.pk, "type": link_types[-1]})  # the same link as an old id's, if i % 3 == 2
     later = now + timedelta(days=3)
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=workspace, content="linked on write", links=links, impact_score=0.4, now=later
     )
     resolved = {staged.pk: staged.pk, archived.pk: archived.pk, old.pk: latest.pk, latest.pk: latest.pk}
@@ -374,7 +377,7 @@ def test_a_few_ids_are_rescored_in_python_to_the_values_sql_stores(workspace, no
 
 
 def test_more_ids_than_few_go_through_the_sql_refresh(workspace, now):
-    made = [services.entry_create(workspace=workspace, content=f"note {n}") for n in range(FEW_IDS + 1)]
+    made = [new_entries.entry_create(workspace=workspace, content=f"note {n}") for n in range(FEW_IDS + 1)]
 
     with CaptureQueriesContext(connection) as queries:
         scored = rescore(workspace, [e.pk for e in made], now=now, params=DecayParams())
@@ -386,7 +389,7 @@ def test_more_ids_than_few_go_through_the_sql_refresh(workspace, now):
 def test_rescoring_few_ids_locks_their_rows_first(workspace, now):
     # A concurrent write to one of them must wait and then read what this one committed (the
     # SQL refresh's UPDATE gave that for free); SQLite serialises writers and has no FOR UPDATE.
-    made = [services.entry_create(workspace=workspace, content=f"note {n}") for n in range(3)]
+    made = [new_entries.entry_create(workspace=workspace, content=f"note {n}") for n in range(3)]
 
     with CaptureQueriesContext(connection) as queries:
         rescore(workspace, [e.pk for e in made], now=now, params=DecayParams())
@@ -401,7 +404,7 @@ def test_a_timestamp_just_below_a_whole_second_keeps_its_second(workspace, now, 
     # milliseconds): the SQL age was a second short and importance off by ~2e-8. Found by the
     # Hypothesis parity test above (seed 29116).
     created = now - timedelta(days=3, seconds=1) + timedelta(microseconds=micro)
-    entry = services.entry_create(workspace=workspace, content="edge", now=now, created_at=created)
+    entry = new_entries.entry_create(workspace=workspace, content="edge", now=now, created_at=created)
     written = Entry.objects.values_list("importance", flat=True).get(pk=entry.pk)
     refresh_scores(workspace, now=now, ids=[entry.pk])
     assert Entry.objects.values_list("importance", flat=True).get(pk=entry.pk) == pytest.approx(

@@ -15,18 +15,21 @@ from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memory import accounts, entry_changes, new_entries
 from memory import search as search_module
-from memory import services
 from memory.errors import InvalidInput
-from memory.journal import SAMPLE_PATH, import_journal
-from memory.models import Entry, Status, Workspace
-from memory.search import MARK_END, MARK_START, ensure_sqlite_index, parse_query, search
+from memory.journal_import import SAMPLE_PATH, import_journal
+from memory.models import Entry, Workspace
+from memory.models.choices import Status
+from memory.search import MARK_END, MARK_START, search
+from memory.search_index import ensure_sqlite_index
+from memory.search_query import parse_query
 
 pytestmark = pytest.mark.django_db
 
 
 def _entry(workspace: Workspace, content: str, title: str = "", **fields) -> Entry:
-    return services.entry_create(workspace=workspace, content=content, title=title, **fields)
+    return new_entries.entry_create(workspace=workspace, content=content, title=title, **fields)
 
 
 def _ids(workspace: Workspace, q: str, **kwargs) -> list[int]:
@@ -321,7 +324,9 @@ def test_the_endpoint_says_when_the_count_is_an_estimate(workspace, small_bounds
 
 def test_archived_entries_are_hidden_unless_asked_for(workspace):
     entry = _entry(workspace, "An old decision about logging")
-    services.entry_set_status(workspace=workspace, entry_id=entry.pk, status=Status.ARCHIVED, reason="manual")
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=entry.pk, status=Status.ARCHIVED, reason="manual"
+    )
 
     assert _ids(workspace, "logging") == []
     hits = search(workspace, "logging", include_archived=True).hits
@@ -331,7 +336,9 @@ def test_archived_entries_are_hidden_unless_asked_for(workspace):
 
 def test_stale_entries_are_found(workspace):
     entry = _entry(workspace, "A stale note about webhooks")
-    services.entry_set_status(workspace=workspace, entry_id=entry.pk, status=Status.STALE, reason="manual")
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=entry.pk, status=Status.STALE, reason="manual"
+    )
 
     assert _ids(workspace, "webhooks") == [entry.pk]
 
@@ -339,7 +346,7 @@ def test_stale_entries_are_found(workspace):
 def test_staged_and_tombstoned_entries_are_never_found(workspace):
     _entry(workspace, "A staged trace about pagination", staged_class="evidence")
     gone = _entry(workspace, "A deleted note about pagination")
-    services.entry_tombstone(workspace=workspace, entry_id=gone.pk)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=gone.pk)
 
     assert _ids(workspace, "pagination") == []
     assert _ids(workspace, "pagination", include_archived=True) == []
@@ -347,7 +354,7 @@ def test_staged_and_tombstoned_entries_are_never_found(workspace):
 
 def test_old_versions_are_never_found(workspace):
     first = _entry(workspace, "Timeouts are thirty seconds")
-    result = services.entry_update(
+    result = entry_changes.entry_update(
         workspace=workspace, entry_id=first.pk, content="Timeouts are ninety seconds"
     )
 
@@ -531,7 +538,7 @@ def test_a_broad_query_reads_its_matches_from_the_covering_index_a_rebuild_gets_
 
 
 def _client(workspace: Workspace) -> Client:
-    _, raw = services.api_key_create(workspace=workspace, name="bot", role="agent")
+    _, raw = accounts.api_key_create(workspace=workspace, name="bot", role="agent")
     return Client(headers={"Authorization": f"Bearer {raw}"})
 
 
@@ -559,7 +566,9 @@ def test_the_endpoint_returns_count_and_ranked_items(workspace):
 
 def test_the_endpoint_shows_archived_entries_only_when_asked(workspace):
     entry = _entry(workspace, "An archived runbook")
-    services.entry_set_status(workspace=workspace, entry_id=entry.pk, status=Status.ARCHIVED, reason="manual")
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=entry.pk, status=Status.ARCHIVED, reason="manual"
+    )
     client = _client(workspace)
 
     assert client.get("/api/v1/search", {"q": "runbook"}).json()["count"] == 0
@@ -620,7 +629,7 @@ def test_an_unauthenticated_request_is_401(workspace):
 def test_an_entry_of_the_largest_content_of_distinct_words_is_written_and_found(workspace):
     # Its tsvector is far larger than a btree index row may be (2,704 bytes on PostgreSQL):
     # no index on memory_entry may carry it.
-    from memory.models import CONTENT_MAX
+    from memory.models.choices import CONTENT_MAX
 
     words, text = [], ""
     n = 0

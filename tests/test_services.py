@@ -8,17 +8,9 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 
-from memory import scoring, services
+from memory import entry_changes, entry_signals, new_entries, relationships, scoring, write_input, writes
 from memory.errors import Conflict, InvalidInput, NotFound
-from memory.models import (
-    CodeAnchor,
-    Entry,
-    EntryAccess,
-    LifecycleEvent,
-    Relationship,
-    Tag,
-    Tombstone,
-)
+from memory.models import CodeAnchor, Entry, EntryAccess, LifecycleEvent, Relationship, Tag, Tombstone
 from memory.policy_model import MaintenancePolicy
 from memory.scoring_db import refresh_scores
 
@@ -40,7 +32,7 @@ def snapshot():
 
 
 def make(workspace, now, content="A memory worth keeping", **kwargs):
-    return services.entry_create(workspace=workspace, content=content, now=now, **kwargs)
+    return new_entries.entry_create(workspace=workspace, content=content, now=now, **kwargs)
 
 
 def reload(entry):
@@ -246,7 +238,7 @@ def test_several_links_at_create_are_all_counted(workspace, now):
 
 def test_a_link_at_create_to_an_old_version_goes_to_the_latest(workspace, now):
     target = make(workspace, now, "v1")
-    latest = services.entry_update(workspace=workspace, entry_id=target.pk, content="v2", now=now).entry
+    latest = entry_changes.entry_update(workspace=workspace, entry_id=target.pk, content="v2", now=now).entry
     source = make(workspace, now, "source", links=[{"to_id": target.pk}])
     link = Relationship.objects.get(from_entry=source)
     assert link.to_entry_id == latest.pk
@@ -331,7 +323,7 @@ def test_an_invalid_create_raises_and_writes_nothing(workspace, other_workspace,
     live = make(workspace, now, "live", external_id="ext-1", tags=["existing"])
     theirs = make(other_workspace, now, "theirs")
     dead = make(workspace, now, "dead")
-    services.entry_tombstone(workspace=workspace, entry_id=dead.pk, now=now)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=dead.pk, now=now)
     build, error = INVALID_CREATES[case]
     kwargs = {
         "content": "valid content",
@@ -341,7 +333,7 @@ def test_an_invalid_create_raises_and_writes_nothing(workspace, other_workspace,
     }
     before = snapshot()
     with pytest.raises(error):
-        services.entry_create(workspace=workspace, now=now + timedelta(hours=1), **kwargs)
+        new_entries.entry_create(workspace=workspace, now=now + timedelta(hours=1), **kwargs)
     assert snapshot() == before
 
 
@@ -356,13 +348,15 @@ def test_the_same_external_id_may_be_used_in_another_workspace(workspace, other_
 def test_changed_content_creates_a_new_version(workspace, now):
     old = make(workspace, now, "first text", title="T", external_id="e-1", impact_score=0.4)
     later = now + timedelta(days=30)
-    result = services.entry_update(workspace=workspace, entry_id=old.pk, content="second text", now=later)
+    result = entry_changes.entry_update(
+        workspace=workspace, entry_id=old.pk, content="second text", now=later
+    )
     new = result.entry
     assert result.new_version is True
     assert result.supersedes == old.pk
     assert new.pk != old.pk
     assert (new.supersedes_id, new.lineage_id, new.is_latest) == (old.pk, old.pk, True)
-    assert (new.content, new.content_hash) == ("second text", services.content_hash("second text"))
+    assert (new.content, new.content_hash) == ("second text", write_input.content_hash("second text"))
     assert (new.title, new.external_id, new.impact_score) == ("T", "e-1", 0.4)
     assert (new.created_at, new.updated_at) == (later, later)
     stored_old = reload(old)
@@ -374,7 +368,9 @@ def test_changed_content_creates_a_new_version(workspace, now):
 def test_a_new_version_restarts_the_decay_clock(workspace, now):
     old = make(workspace, now, "first text")
     later = now + timedelta(days=60)
-    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="second text", now=later).entry
+    new = entry_changes.entry_update(
+        workspace=workspace, entry_id=old.pk, content="second text", now=later
+    ).entry
     assert new.retention == pytest.approx(1.0, abs=1e-12)
     assert new.importance == pytest.approx(0.15, abs=1e-12)
     assert new.scored_at == later
@@ -382,7 +378,7 @@ def test_a_new_version_restarts_the_decay_clock(workspace, now):
 
 def test_other_fields_are_changed_on_the_new_version_too(workspace, now):
     old = make(workspace, now, "first text", trust_score=0.2)
-    new = services.entry_update(
+    new = entry_changes.entry_update(
         workspace=workspace, entry_id=old.pk, content="second", trust_score=1.0, title="New", now=now
     ).entry
     assert (new.trust_score, new.title) == (1.0, "New")
@@ -401,8 +397,8 @@ def test_links_anchors_and_tags_move_to_the_new_version(workspace, now):
         anchors=[{"path": "x.py"}],
         links=[{"to_id": out_target.pk, "type": "caused"}],
     )
-    services.relationship_create(workspace=workspace, from_id=in_source.pk, to_id=old.pk, now=now)
-    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="second", now=now).entry
+    relationships.relationship_create(workspace=workspace, from_id=in_source.pk, to_id=old.pk, now=now)
+    new = entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="second", now=now).entry
     assert sorted(new.tags.values_list("name", flat=True)) == ["a", "b"]
     assert list(new.anchors.values_list("path", flat=True)) == ["x.py"]
     assert not CodeAnchor.objects.filter(entry_id=old.pk).exists()
@@ -416,7 +412,7 @@ def test_a_neighbour_keeps_its_importance_value_but_is_rescored(workspace, now):
     old = make(workspace, now, "first", links=[{"to_id": neighbour.pk}])
     before = reload(neighbour).importance
     later = now + timedelta(days=9)
-    services.entry_update(workspace=workspace, entry_id=old.pk, content="second", now=later)
+    entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="second", now=later)
     after = reload(neighbour)
     assert after.scored_at == later
     # Still one counted link (now to the new version); only its own recency moved.
@@ -426,7 +422,7 @@ def test_a_neighbour_keeps_its_importance_value_but_is_rescored(workspace, now):
 
 def test_given_tags_and_anchors_replace_those_of_the_new_version(workspace, now):
     old = make(workspace, now, "first", tags=["a"], anchors=[{"path": "old.py"}])
-    new = services.entry_update(
+    new = entry_changes.entry_update(
         workspace=workspace,
         entry_id=old.pk,
         content="second",
@@ -443,10 +439,10 @@ def test_given_tags_and_anchors_replace_those_of_the_new_version(workspace, now)
 def test_readers_and_access_counts_are_shared_across_versions(workspace, now):
     set_policy(workspace, breadth_weight=1.0)
     old = make(workspace, now, "first")
-    services.entry_record_access(workspace=workspace, entry_id=old.pk, actor="agent-a", now=now)
-    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="second", now=now).entry
+    entry_signals.entry_record_access(workspace=workspace, entry_id=old.pk, actor="agent-a", now=now)
+    new = entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="second", now=now).entry
     assert new.access_count == 1
-    new = services.entry_record_access(workspace=workspace, entry_id=new.pk, actor="agent-b", now=now)
+    new = entry_signals.entry_record_access(workspace=workspace, entry_id=new.pk, actor="agent-b", now=now)
     assert new.access_count == 2
     assert EntryAccess.objects.filter(lineage_id=old.pk).count() == 2
     assert not EntryAccess.objects.exclude(lineage_id=old.pk).exists()
@@ -463,8 +459,8 @@ def test_readers_and_access_counts_are_shared_across_versions(workspace, now):
 
 def test_a_chain_of_versions_keeps_the_first_id_as_lineage(workspace, now):
     v1 = make(workspace, now, "one")
-    v2 = services.entry_update(workspace=workspace, entry_id=v1.pk, content="two", now=now).entry
-    v3 = services.entry_update(workspace=workspace, entry_id=v2.pk, content="three", now=now).entry
+    v2 = entry_changes.entry_update(workspace=workspace, entry_id=v1.pk, content="two", now=now).entry
+    v3 = entry_changes.entry_update(workspace=workspace, entry_id=v2.pk, content="three", now=now).entry
     assert (v3.lineage_id, v3.supersedes_id, v2.supersedes_id) == (v1.pk, v2.pk, v1.pk)
     assert list(Entry.objects.filter(lineage_id=v1.pk, is_latest=True)) == [v3]
     assert Entry.objects.filter(lineage_id=v1.pk).count() == 3
@@ -474,7 +470,7 @@ def test_a_chain_of_versions_keeps_the_first_id_as_lineage(workspace, now):
 def test_identical_content_makes_no_version_and_keeps_the_decay_clock(workspace, now, same):
     entry = make(workspace, now, "hello world", title="Old title")
     later = now + timedelta(days=20)
-    result = services.entry_update(
+    result = entry_changes.entry_update(
         workspace=workspace, entry_id=entry.pk, content=same, title="New title", impact_score=0.6, now=later
     )
     assert (result.new_version, result.supersedes) == (False, None)
@@ -490,7 +486,7 @@ def test_identical_content_makes_no_version_and_keeps_the_decay_clock(workspace,
 
 def test_an_update_without_content_changes_fields_in_place(workspace, now):
     entry = make(workspace, now, "text", tags=["a"])
-    stored = services.entry_update(
+    stored = entry_changes.entry_update(
         workspace=workspace, entry_id=entry.pk, tags=["b", "c"], anchors=[{"path": "z.py"}], now=now
     ).entry
     assert stored.pk == entry.pk
@@ -500,31 +496,33 @@ def test_an_update_without_content_changes_fields_in_place(workspace, now):
 
 def test_updating_an_old_version_is_a_conflict(workspace, now):
     old = make(workspace, now, "one")
-    services.entry_update(workspace=workspace, entry_id=old.pk, content="two", now=now)
+    entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="two", now=now)
     before = snapshot()
     with pytest.raises(Conflict):
-        services.entry_update(workspace=workspace, entry_id=old.pk, content="three", now=now)
+        entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="three", now=now)
     with pytest.raises(Conflict):
-        services.entry_update(workspace=workspace, entry_id=old.pk, title="x", now=now)
+        entry_changes.entry_update(workspace=workspace, entry_id=old.pk, title="x", now=now)
     assert snapshot() == before
 
 
 def test_updating_a_tombstoned_entry_is_a_conflict(workspace, now):
     entry = make(workspace, now, "one")
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
     before = snapshot()
     with pytest.raises(Conflict):
-        services.entry_update(workspace=workspace, entry_id=entry.pk, content="two", now=now)
+        entry_changes.entry_update(workspace=workspace, entry_id=entry.pk, content="two", now=now)
     with pytest.raises(Conflict):
-        services.entry_update(workspace=workspace, entry_id=entry.pk, title="t", now=now)
+        entry_changes.entry_update(workspace=workspace, entry_id=entry.pk, title="t", now=now)
     assert snapshot() == before
 
 
 def test_a_stale_entry_updated_with_new_content_becomes_active(workspace, now):
     old = make(workspace, now, "one")
-    services.entry_set_status(workspace=workspace, entry_id=old.pk, status="stale", reason="stale", now=now)
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=old.pk, status="stale", reason="stale", now=now
+    )
     later = now + timedelta(days=1)
-    new = services.entry_update(
+    new = entry_changes.entry_update(
         workspace=workspace, entry_id=old.pk, content="two", now=later, actor="user:ada"
     ).entry
     assert (new.status, new.status_changed_at) == ("active", later)
@@ -540,26 +538,28 @@ def test_a_stale_entry_updated_with_new_content_becomes_active(workspace, now):
 
 def test_a_staged_entry_stays_staged_when_its_content_changes(workspace, now):
     old = make(workspace, now, "one", staged_class="reference")
-    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="two", now=now).entry
+    new = entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="two", now=now).entry
     assert (new.status, new.staged_class, new.ttl_expires_at) == ("staged", "reference", old.ttl_expires_at)
     assert not LifecycleEvent.objects.filter(entry_ref=new.pk).exists()
 
 
 def test_external_id_stays_unique_among_latest_versions(workspace, now):
     a = make(workspace, now, "a", external_id="ext-a")
-    a2 = services.entry_update(workspace=workspace, entry_id=a.pk, content="a2", now=now).entry
+    a2 = entry_changes.entry_update(workspace=workspace, entry_id=a.pk, content="a2", now=now).entry
     assert a2.external_id == "ext-a"  # the old version keeps it too, but is not latest
     with pytest.raises(Conflict):
         make(workspace, now, "b", external_id="ext-a")
     b = make(workspace, now, "b", external_id="ext-b")
     with pytest.raises(Conflict):
-        services.entry_update(workspace=workspace, entry_id=b.pk, external_id="ext-a", now=now)
+        entry_changes.entry_update(workspace=workspace, entry_id=b.pk, external_id="ext-a", now=now)
     with pytest.raises(Conflict):
-        services.entry_update(workspace=workspace, entry_id=b.pk, content="b2", external_id="ext-a", now=now)
+        entry_changes.entry_update(
+            workspace=workspace, entry_id=b.pk, content="b2", external_id="ext-a", now=now
+        )
     assert reload(b).external_id == "ext-b"
     # Setting its own external id again is fine, with or without new content.
-    services.entry_update(workspace=workspace, entry_id=a2.pk, external_id="ext-a", now=now)
-    a3 = services.entry_update(
+    entry_changes.entry_update(workspace=workspace, entry_id=a2.pk, external_id="ext-a", now=now)
+    a3 = entry_changes.entry_update(
         workspace=workspace, entry_id=a2.pk, content="a3", external_id="ext-a", now=now
     ).entry
     assert a3.external_id == "ext-a"
@@ -587,15 +587,17 @@ def test_an_invalid_update_raises_and_writes_nothing(workspace, now, kwargs):
     entry = make(workspace, now, "text", tags=["a"], anchors=[{"path": "a.py"}])
     before = snapshot()
     with pytest.raises(InvalidInput):
-        services.entry_update(workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=1), **kwargs)
+        entry_changes.entry_update(
+            workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=1), **kwargs
+        )
     assert snapshot() == before
 
 
 def test_updating_a_missing_entry_is_not_found(workspace, now):
     with pytest.raises(NotFound):
-        services.entry_update(workspace=workspace, entry_id=10**9, content="x", now=now)
+        entry_changes.entry_update(workspace=workspace, entry_id=10**9, content="x", now=now)
     with pytest.raises(NotFound):
-        services.entry_update(workspace=workspace, entry_id="abc", content="x", now=now)
+        entry_changes.entry_update(workspace=workspace, entry_id="abc", content="x", now=now)
 
 
 # --- tombstone -----------------------------------------------------------------------------------
@@ -603,7 +605,7 @@ def test_updating_a_missing_entry_is_not_found(workspace, now):
 
 def test_tombstone_records_the_soft_deletion_and_keeps_the_row(workspace, now):
     entry = make(workspace, now, "to forget")
-    tombstone = services.entry_tombstone(
+    tombstone = entry_changes.entry_tombstone(
         workspace=workspace, entry_id=entry.pk, reason="api", actor="key:msk_1", now=now
     )
     assert (tombstone.entry_id, tombstone.entry_ref, tombstone.lineage_ref) == (entry.pk, entry.pk, entry.pk)
@@ -622,7 +624,7 @@ def test_tombstone_records_the_soft_deletion_and_keeps_the_row(workspace, now):
 def test_tombstone_uses_the_policy_tombstone_grace(workspace, now):
     set_policy(workspace, tombstone_grace_days=30)
     entry = make(workspace, now)
-    assert services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now).purge_after == (
+    assert entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now).purge_after == (
         now + timedelta(days=30)
     )
 
@@ -630,37 +632,37 @@ def test_tombstone_uses_the_policy_tombstone_grace(workspace, now):
 def test_tombstone_uses_hard_delete_older_than_days_when_it_is_set(workspace, now):
     set_policy(workspace, hard_delete_older_than_days=7, tombstone_grace_days=30)
     entry = make(workspace, now)
-    assert services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now).purge_after == (
+    assert entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now).purge_after == (
         now + timedelta(days=7)
     )
 
 
 def test_tombstoning_an_archived_entry_records_archived_as_previous_status(workspace, now):
     entry = make(workspace, now)
-    services.entry_set_status(
+    entry_changes.entry_set_status(
         workspace=workspace, entry_id=entry.pk, status="archived", reason="manual", now=now
     )
     later = now + timedelta(days=1)
-    tombstone = services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=later)
+    tombstone = entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=later)
     assert tombstone.previous_status == "archived"
     assert reload(entry).archived_at == now
 
 
 def test_tombstoning_twice_is_a_conflict(workspace, now):
     entry = make(workspace, now)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
     before = snapshot()
     with pytest.raises(Conflict):
-        services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=1))
+        entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=1))
     assert snapshot() == before
     assert Tombstone.objects.count() == 1
 
 
 def test_tombstoning_an_old_version_is_a_conflict(workspace, now):
     old = make(workspace, now, "one")
-    services.entry_update(workspace=workspace, entry_id=old.pk, content="two", now=now)
+    entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="two", now=now)
     with pytest.raises(Conflict):
-        services.entry_tombstone(workspace=workspace, entry_id=old.pk, now=now)
+        entry_changes.entry_tombstone(workspace=workspace, entry_id=old.pk, now=now)
     assert not Tombstone.objects.exists()
 
 
@@ -668,7 +670,7 @@ def test_an_unknown_tombstone_reason_is_invalid(workspace, now):
     entry = make(workspace, now)
     before = snapshot()
     with pytest.raises(InvalidInput):
-        services.entry_tombstone(workspace=workspace, entry_id=entry.pk, reason="boredom", now=now)
+        entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, reason="boredom", now=now)
     assert snapshot() == before
 
 
@@ -677,7 +679,7 @@ def test_a_neighbour_loses_importance_when_its_only_linked_entry_is_tombstoned(w
     entry = make(workspace, now, "entry", links=[{"to_id": neighbour.pk, "type": "caused"}])
     assert reload(neighbour).importance == pytest.approx(0.15 + 0.07 + 0.2 / 3, abs=1e-9)
     later = now + timedelta(hours=1)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=later)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=later)
     after = reload(neighbour)
     assert after.scored_at == later
     assert after.importance == pytest.approx(hand_importance(after, age_days=1 / 24), abs=1e-9)
@@ -689,9 +691,11 @@ def test_a_neighbour_loses_importance_when_its_only_linked_entry_is_tombstoned(w
 
 def test_restoring_a_tombstoned_entry_returns_it_to_active_and_closes_the_tombstone(workspace, now):
     entry = make(workspace, now)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=1))
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=1))
     later = now + timedelta(days=2)
-    restored = services.entry_restore(workspace=workspace, entry_id=entry.pk, actor="user:ops", now=later)
+    restored = entry_changes.entry_restore(
+        workspace=workspace, entry_id=entry.pk, actor="user:ops", now=later
+    )
     assert (restored.status, restored.status_changed_at) == ("active", later)
     tombstone = Tombstone.objects.get()
     assert (tombstone.restored_at, tombstone.purged_at) == (later, None)
@@ -706,44 +710,52 @@ def test_restoring_a_tombstoned_entry_returns_it_to_active_and_closes_the_tombst
 def test_restoring_brings_back_the_neighbours_importance(workspace, now):
     neighbour = make(workspace, now, "neighbour")
     entry = make(workspace, now, "entry", links=[{"to_id": neighbour.pk}])
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
     assert reload(neighbour).importance == pytest.approx(0.15, abs=1e-12)
-    services.entry_restore(workspace=workspace, entry_id=entry.pk, now=now)
+    entry_changes.entry_restore(workspace=workspace, entry_id=entry.pk, now=now)
     assert reload(neighbour).importance == pytest.approx(0.22, abs=1e-12)
 
 
 def test_restoring_an_archived_entry_makes_it_active(workspace, now):
     entry = make(workspace, now)
-    services.entry_set_status(
+    entry_changes.entry_set_status(
         workspace=workspace, entry_id=entry.pk, status="archived", reason="manual", now=now
     )
     assert reload(entry).archived_at == now
-    restored = services.entry_restore(workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=1))
+    restored = entry_changes.entry_restore(
+        workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=1)
+    )
     assert (restored.status, restored.archived_at) == ("active", None)
     assert events_of(entry)[-2:] == [("active", "archived", "manual"), ("archived", "active", "restore")]
 
 
 def test_restoring_a_stale_entry_makes_it_active(workspace, now):
     entry = make(workspace, now)
-    services.entry_set_status(workspace=workspace, entry_id=entry.pk, status="stale", reason="stale", now=now)
-    assert services.entry_restore(workspace=workspace, entry_id=entry.pk, now=now).status == "active"
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=entry.pk, status="stale", reason="stale", now=now
+    )
+    assert entry_changes.entry_restore(workspace=workspace, entry_id=entry.pk, now=now).status == "active"
 
 
 def test_a_staged_entry_that_was_archived_returns_to_staged(workspace, now):
     entry = make(workspace, now, staged_class="evidence")
-    services.entry_set_status(
+    entry_changes.entry_set_status(
         workspace=workspace, entry_id=entry.pk, status="archived", reason="ttl", now=now
     )
-    restored = services.entry_restore(workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=1))
+    restored = entry_changes.entry_restore(
+        workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=1)
+    )
     assert restored.status == "staged"
 
 
 def test_a_staged_entry_archived_then_tombstoned_returns_to_staged(workspace, now):
     entry = make(workspace, now, staged_class="evidence")
     t = now
-    services.entry_set_status(workspace=workspace, entry_id=entry.pk, status="archived", reason="ttl", now=t)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=t + timedelta(days=1))
-    restored = services.entry_restore(workspace=workspace, entry_id=entry.pk, now=t + timedelta(days=2))
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=entry.pk, status="archived", reason="ttl", now=t
+    )
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=t + timedelta(days=1))
+    restored = entry_changes.entry_restore(workspace=workspace, entry_id=entry.pk, now=t + timedelta(days=2))
     assert restored.status == "staged"
     assert events_of(entry) == [
         ("", "staged", "create"),
@@ -755,10 +767,12 @@ def test_a_staged_entry_archived_then_tombstoned_returns_to_staged(workspace, no
 
 def test_a_staged_entry_edited_while_archived_still_returns_to_staged(workspace, now):
     old = make(workspace, now, "one", staged_class="reference")
-    services.entry_set_status(workspace=workspace, entry_id=old.pk, status="archived", reason="ttl", now=now)
-    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="two", now=now).entry
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=old.pk, status="archived", reason="ttl", now=now
+    )
+    new = entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="two", now=now).entry
     assert new.status == "archived"
-    restored = services.entry_restore(workspace=workspace, entry_id=new.pk, now=now + timedelta(days=1))
+    restored = entry_changes.entry_restore(workspace=workspace, entry_id=new.pk, now=now + timedelta(days=1))
     assert restored.status == "staged"
 
 
@@ -767,15 +781,15 @@ def test_restoring_a_live_entry_is_a_conflict(workspace, now, staged):
     entry = make(workspace, now, staged_class="evidence" if staged else None)
     before = snapshot()
     with pytest.raises(Conflict):
-        services.entry_restore(workspace=workspace, entry_id=entry.pk, now=now)
+        entry_changes.entry_restore(workspace=workspace, entry_id=entry.pk, now=now)
     assert snapshot() == before
 
 
 def test_an_entry_can_be_tombstoned_again_after_a_restore(workspace, now):
     entry = make(workspace, now)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
-    services.entry_restore(workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=1))
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=2))
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
+    entry_changes.entry_restore(workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=1))
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now + timedelta(days=2))
     assert Tombstone.objects.filter(entry=entry).count() == 2
     assert Tombstone.objects.filter(entry=entry, restored_at__isnull=True).count() == 1
 
@@ -783,12 +797,12 @@ def test_an_entry_can_be_tombstoned_again_after_a_restore(workspace, now):
 def test_set_status_refuses_tombstoned_entries_and_unknown_statuses(workspace, now):
     entry = make(workspace, now)
     with pytest.raises(InvalidInput):
-        services.entry_set_status(
+        entry_changes.entry_set_status(
             workspace=workspace, entry_id=entry.pk, status="tombstoned", reason="x", now=now
         )
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
     with pytest.raises(Conflict):
-        services.entry_set_status(
+        entry_changes.entry_set_status(
             workspace=workspace, entry_id=entry.pk, status="active", reason="x", now=now
         )
     assert reload(entry).status == "tombstoned"
@@ -799,7 +813,7 @@ def test_set_status_refuses_tombstoned_entries_and_unknown_statuses(workspace, n
 
 def test_link_creates_a_relationship_and_rescores_both_ends(workspace, now):
     a, b = make(workspace, now, "a"), make(workspace, now, "b")
-    rel, created = services.relationship_create(
+    rel, created = relationships.relationship_create(
         workspace=workspace, from_id=a.pk, to_id=b.pk, type="blocked_by", actor="user:x", now=now
     )
     assert created is True
@@ -815,8 +829,8 @@ def test_link_creates_a_relationship_and_rescores_both_ends(workspace, now):
 
 def test_a_duplicate_link_returns_the_existing_one(workspace, now):
     a, b = make(workspace, now, "a"), make(workspace, now, "b")
-    first, _ = services.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
-    again, created = services.relationship_create(
+    first, _ = relationships.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
+    again, created = relationships.relationship_create(
         workspace=workspace, from_id=a.pk, to_id=b.pk, type="references", now=now
     )
     assert (again.pk, created) == (first.pk, False)
@@ -826,9 +840,9 @@ def test_a_duplicate_link_returns_the_existing_one(workspace, now):
 
 def test_the_reverse_direction_and_another_type_are_different_links(workspace, now):
     a, b = make(workspace, now, "a"), make(workspace, now, "b")
-    services.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
-    _, reverse = services.relationship_create(workspace=workspace, from_id=b.pk, to_id=a.pk, now=now)
-    _, other_type = services.relationship_create(
+    relationships.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
+    _, reverse = relationships.relationship_create(workspace=workspace, from_id=b.pk, to_id=a.pk, now=now)
+    _, other_type = relationships.relationship_create(
         workspace=workspace, from_id=a.pk, to_id=b.pk, type="clarifies", now=now
     )
     assert (reverse, other_type) == (True, True)
@@ -838,9 +852,9 @@ def test_the_reverse_direction_and_another_type_are_different_links(workspace, n
 
 def test_linking_again_revives_a_pruned_link(workspace, now):
     a, b = make(workspace, now, "a"), make(workspace, now, "b")
-    rel, _ = services.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
+    rel, _ = relationships.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
     Relationship.objects.filter(pk=rel.pk).update(pruned_at=now)
-    again, created = services.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
+    again, created = relationships.relationship_create(workspace=workspace, from_id=a.pk, to_id=b.pk, now=now)
     assert (again.pk, created, again.pruned_at) == (rel.pk, False, None)
     assert Relationship.objects.get().pruned_at is None
 
@@ -849,25 +863,25 @@ def test_a_self_link_is_invalid(workspace, now):
     a = make(workspace, now, "a")
     before = snapshot()
     with pytest.raises(InvalidInput):
-        services.relationship_create(workspace=workspace, from_id=a.pk, to_id=a.pk, now=now)
+        relationships.relationship_create(workspace=workspace, from_id=a.pk, to_id=a.pk, now=now)
     assert snapshot() == before
 
 
 def test_a_link_between_two_versions_of_one_entry_is_a_self_link(workspace, now):
     old = make(workspace, now, "one")
-    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="two", now=now).entry
+    new = entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="two", now=now).entry
     with pytest.raises(InvalidInput):
-        services.relationship_create(workspace=workspace, from_id=old.pk, to_id=new.pk, now=now)
+        relationships.relationship_create(workspace=workspace, from_id=old.pk, to_id=new.pk, now=now)
     assert not Relationship.objects.exists()
 
 
 def test_an_old_version_id_resolves_to_the_latest_version(workspace, now):
     old = make(workspace, now, "one")
-    new = services.entry_update(workspace=workspace, entry_id=old.pk, content="two", now=now).entry
+    new = entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="two", now=now).entry
     other = make(workspace, now, "other")
-    rel, _ = services.relationship_create(workspace=workspace, from_id=other.pk, to_id=old.pk, now=now)
+    rel, _ = relationships.relationship_create(workspace=workspace, from_id=other.pk, to_id=old.pk, now=now)
     assert rel.to_entry_id == new.pk
-    rel2, _ = services.relationship_create(workspace=workspace, from_id=old.pk, to_id=other.pk, now=now)
+    rel2, _ = relationships.relationship_create(workspace=workspace, from_id=old.pk, to_id=other.pk, now=now)
     assert rel2.from_entry_id == new.pk
 
 
@@ -878,7 +892,7 @@ def test_linking_another_workspaces_entry_is_not_found(workspace, other_workspac
     ends = (theirs.pk, mine.pk) if foreign_end == "from" else (mine.pk, theirs.pk)
     before = snapshot()
     with pytest.raises(NotFound):
-        services.relationship_create(workspace=workspace, from_id=ends[0], to_id=ends[1], now=now)
+        relationships.relationship_create(workspace=workspace, from_id=ends[0], to_id=ends[1], now=now)
     assert snapshot() == before
 
 
@@ -888,9 +902,9 @@ def test_linking_a_missing_entry_is_not_found(workspace, now, missing):
     mine = make(workspace, now, "mine")
     before = snapshot()
     with pytest.raises(NotFound):
-        services.relationship_create(workspace=workspace, from_id=mine.pk, to_id=missing, now=now)
+        relationships.relationship_create(workspace=workspace, from_id=mine.pk, to_id=missing, now=now)
     with pytest.raises(NotFound):
-        services.relationship_create(workspace=workspace, from_id=missing, to_id=mine.pk, now=now)
+        relationships.relationship_create(workspace=workspace, from_id=missing, to_id=mine.pk, now=now)
     with pytest.raises(NotFound):
         make(workspace, now, "linked", links=[{"to_id": missing}])
     assert snapshot() == before
@@ -899,20 +913,20 @@ def test_linking_a_missing_entry_is_not_found(workspace, now, missing):
 @pytest.mark.parametrize("dead_end", ["from", "to"])
 def test_linking_a_tombstoned_entry_is_a_conflict(workspace, now, dead_end):
     live, dead = make(workspace, now, "live"), make(workspace, now, "dead")
-    services.entry_tombstone(workspace=workspace, entry_id=dead.pk, now=now)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=dead.pk, now=now)
     ends = (dead.pk, live.pk) if dead_end == "from" else (live.pk, dead.pk)
     before = snapshot()
     with pytest.raises(Conflict):
-        services.relationship_create(workspace=workspace, from_id=ends[0], to_id=ends[1], now=now)
+        relationships.relationship_create(workspace=workspace, from_id=ends[0], to_id=ends[1], now=now)
     assert snapshot() == before
 
 
 def test_linking_an_archived_entry_is_allowed(workspace, now):
     live, archived = make(workspace, now, "live"), make(workspace, now, "archived")
-    services.entry_set_status(
+    entry_changes.entry_set_status(
         workspace=workspace, entry_id=archived.pk, status="archived", reason="manual", now=now
     )
-    _, created = services.relationship_create(
+    _, created = relationships.relationship_create(
         workspace=workspace, from_id=live.pk, to_id=archived.pk, now=now
     )
     assert created
@@ -926,17 +940,19 @@ def test_malformed_link_requests_are_invalid(workspace, now, from_id, to_id, typ
     make(workspace, now, "a")
     make(workspace, now, "b")
     with pytest.raises(InvalidInput):
-        services.relationship_create(workspace=workspace, from_id=from_id, to_id=to_id, type=type_, now=now)
+        relationships.relationship_create(
+            workspace=workspace, from_id=from_id, to_id=to_id, type=type_, now=now
+        )
     assert not Relationship.objects.exists()
 
 
 def test_deleting_a_link_removes_it_and_lowers_importance(workspace, now):
     a, b = make(workspace, now, "a"), make(workspace, now, "b")
-    rel, _ = services.relationship_create(
+    rel, _ = relationships.relationship_create(
         workspace=workspace, from_id=a.pk, to_id=b.pk, type="caused", now=now
     )
     later = now + timedelta(hours=2)
-    services.relationship_delete(workspace=workspace, relationship_id=rel.pk, now=later)
+    relationships.relationship_delete(workspace=workspace, relationship_id=rel.pk, now=later)
     assert not Relationship.objects.exists()
     for e in (a, b):
         stored = reload(e)
@@ -947,17 +963,17 @@ def test_deleting_a_link_removes_it_and_lowers_importance(workspace, now):
 
 def test_deleting_another_workspaces_link_is_not_found(workspace, other_workspace, now):
     a, b = make(other_workspace, now, "a"), make(other_workspace, now, "b")
-    rel, _ = services.relationship_create(workspace=other_workspace, from_id=a.pk, to_id=b.pk, now=now)
+    rel, _ = relationships.relationship_create(workspace=other_workspace, from_id=a.pk, to_id=b.pk, now=now)
     before = snapshot()
     with pytest.raises(NotFound):
-        services.relationship_delete(workspace=workspace, relationship_id=rel.pk, now=now)
+        relationships.relationship_delete(workspace=workspace, relationship_id=rel.pk, now=now)
     assert snapshot() == before
 
 
 @pytest.mark.parametrize("bad_id", [10**9, "abc", None])
 def test_deleting_a_missing_link_is_not_found(workspace, now, bad_id):
     with pytest.raises(NotFound):
-        services.relationship_delete(workspace=workspace, relationship_id=bad_id, now=now)
+        relationships.relationship_delete(workspace=workspace, relationship_id=bad_id, now=now)
 
 
 # --- access --------------------------------------------------------------------------------------
@@ -966,7 +982,9 @@ def test_deleting_a_missing_link_is_not_found(workspace, now, bad_id):
 def test_an_access_counts_and_stamps_the_entry(workspace, now):
     entry = make(workspace, now)
     later = now + timedelta(days=3)
-    stored = services.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="agent-a", now=later)
+    stored = entry_signals.entry_record_access(
+        workspace=workspace, entry_id=entry.pk, actor="agent-a", now=later
+    )
     assert (stored.access_count, stored.retrieval_count, stored.last_accessed_at) == (1, 0, later)
     row = EntryAccess.objects.get()
     assert (row.lineage_id, row.actor, row.count, row.first_at, row.last_at, row.workspace_id) == (
@@ -981,8 +999,8 @@ def test_an_access_counts_and_stamps_the_entry(workspace, now):
 
 def test_only_a_dispatch_counts_as_a_retrieval(workspace, now):
     entry = make(workspace, now)
-    services.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="a", now=now)
-    stored = services.entry_record_access(
+    entry_signals.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="a", now=now)
+    stored = entry_signals.entry_record_access(
         workspace=workspace, entry_id=entry.pk, actor="a", dispatch=True, now=now
     )
     assert (stored.access_count, stored.retrieval_count) == (2, 1)
@@ -991,9 +1009,9 @@ def test_only_a_dispatch_counts_as_a_retrieval(workspace, now):
 def test_two_actors_make_two_readers_and_one_actor_twice_makes_one_row(workspace, now):
     entry = make(workspace, now)
     t1, t2 = now + timedelta(hours=1), now + timedelta(hours=2)
-    services.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="agent-a", now=t1)
-    services.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="agent-a", now=t2)
-    services.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="agent-b", now=t2)
+    entry_signals.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="agent-a", now=t1)
+    entry_signals.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="agent-a", now=t2)
+    entry_signals.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="agent-b", now=t2)
     rows = {r.actor: r for r in EntryAccess.objects.all()}
     assert set(rows) == {"agent-a", "agent-b"}
     assert (rows["agent-a"].count, rows["agent-a"].first_at, rows["agent-a"].last_at) == (2, t1, t2)
@@ -1006,8 +1024,8 @@ def test_retention_rises_after_an_access(workspace, now):
     entry = make(workspace, now, created_at=now - timedelta(days=30))
     before = entry.retention
     assert before == pytest.approx(math.exp(-0.6), abs=1e-9)
-    services.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="a", now=now)
-    stored = services.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="b", now=now)
+    entry_signals.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="a", now=now)
+    stored = entry_signals.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="b", now=now)
     expected = math.exp(-0.6) + 0.6 * math.log(3) * 1.0 * (1 + 0.5 * math.log(2))
     assert stored.retention == pytest.approx(expected, abs=1e-9)
     assert stored.retention > before
@@ -1015,9 +1033,13 @@ def test_retention_rises_after_an_access(workspace, now):
 
 def test_a_stale_entry_becomes_active_on_access(workspace, now):
     entry = make(workspace, now)
-    services.entry_set_status(workspace=workspace, entry_id=entry.pk, status="stale", reason="stale", now=now)
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=entry.pk, status="stale", reason="stale", now=now
+    )
     later = now + timedelta(days=1)
-    stored = services.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="agent-a", now=later)
+    stored = entry_signals.entry_record_access(
+        workspace=workspace, entry_id=entry.pk, actor="agent-a", now=later
+    )
     assert (stored.status, stored.status_changed_at) == ("active", later)
     event = LifecycleEvent.objects.filter(entry_ref=entry.pk).latest("created_at")
     assert (event.from_status, event.to_status, event.reason, event.actor) == (
@@ -1031,20 +1053,20 @@ def test_a_stale_entry_becomes_active_on_access(workspace, now):
 def test_an_access_does_not_change_a_staged_or_archived_status(workspace, now):
     staged = make(workspace, now, "s", staged_class="procedural")
     archived = make(workspace, now, "a")
-    services.entry_set_status(
+    entry_changes.entry_set_status(
         workspace=workspace, entry_id=archived.pk, status="archived", reason="manual", now=now
     )
     for entry, status in ((staged, "staged"), (archived, "archived")):
-        stored = services.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="x", now=now)
+        stored = entry_signals.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="x", now=now)
         assert stored.status == status
 
 
 def test_accessing_a_tombstoned_entry_is_a_conflict(workspace, now):
     entry = make(workspace, now)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
     before = snapshot()
     with pytest.raises(Conflict):
-        services.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="a", now=now)
+        entry_signals.entry_record_access(workspace=workspace, entry_id=entry.pk, actor="a", now=now)
     assert snapshot() == before
 
 
@@ -1053,7 +1075,7 @@ def test_an_access_needs_an_actor(workspace, now, actor):
     entry = make(workspace, now)
     before = snapshot()
     with pytest.raises(InvalidInput):
-        services.entry_record_access(workspace=workspace, entry_id=entry.pk, actor=actor, now=now)
+        entry_signals.entry_record_access(workspace=workspace, entry_id=entry.pk, actor=actor, now=now)
     assert snapshot() == before
 
 
@@ -1063,16 +1085,16 @@ def test_an_access_needs_an_actor(workspace, now, actor):
 def test_reinforce_sets_reinforced_at(workspace, now):
     entry = make(workspace, now)
     later = now + timedelta(days=2)
-    stored = services.entry_reinforce(workspace=workspace, entry_id=entry.pk, now=later)
+    stored = entry_signals.entry_reinforce(workspace=workspace, entry_id=entry.pk, now=later)
     assert (stored.reinforced_at, stored.updated_at, stored.scored_at) == (later, later, later)
     assert reload(entry).reinforced_at == later
 
 
 def test_reinforcing_a_tombstoned_entry_is_a_conflict(workspace, now):
     entry = make(workspace, now)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
     with pytest.raises(Conflict):
-        services.entry_reinforce(workspace=workspace, entry_id=entry.pk, now=now)
+        entry_signals.entry_reinforce(workspace=workspace, entry_id=entry.pk, now=now)
     assert reload(entry).reinforced_at is None
 
 
@@ -1094,7 +1116,7 @@ def test_reinforcing_a_tombstoned_entry_is_a_conflict(workspace, now):
 def test_feedback_steps_salience_within_its_bounds(workspace, now, start, signal, expected):
     entry = make(workspace, now, salience=start)
     later = now + timedelta(minutes=5)
-    stored = services.entry_feedback(workspace=workspace, entry_id=entry.pk, signal=signal, now=later)
+    stored = entry_signals.entry_feedback(workspace=workspace, entry_id=entry.pk, signal=signal, now=later)
     assert stored.salience == pytest.approx(expected, abs=1e-12)
     assert (stored.last_feedback, stored.feedback_at) == (signal, later)
     # A fresh entry's retention is its salience: the new salience is scored at once.
@@ -1104,14 +1126,16 @@ def test_feedback_steps_salience_within_its_bounds(workspace, now, start, signal
 def test_repeated_helpful_feedback_stops_at_the_ceiling(workspace, now):
     entry = make(workspace, now)
     for _ in range(10):
-        entry = services.entry_feedback(workspace=workspace, entry_id=entry.pk, signal="helpful", now=now)
+        entry = entry_signals.entry_feedback(
+            workspace=workspace, entry_id=entry.pk, signal="helpful", now=now
+        )
     assert entry.salience == 2.0
 
 
 def test_feedback_on_a_null_salience_starts_from_the_policy_default(workspace, now):
     set_policy(workspace, salience_default=1.5)
     entry = make(workspace, now)
-    stored = services.entry_feedback(workspace=workspace, entry_id=entry.pk, signal="helpful", now=now)
+    stored = entry_signals.entry_feedback(workspace=workspace, entry_id=entry.pk, signal="helpful", now=now)
     assert stored.salience == 1.75
 
 
@@ -1120,31 +1144,33 @@ def test_an_unknown_feedback_signal_is_invalid(workspace, now, signal):
     entry = make(workspace, now)
     before = snapshot()
     with pytest.raises(InvalidInput):
-        services.entry_feedback(workspace=workspace, entry_id=entry.pk, signal=signal, now=now)
+        entry_signals.entry_feedback(workspace=workspace, entry_id=entry.pk, signal=signal, now=now)
     assert snapshot() == before
 
 
 def test_feedback_on_a_tombstoned_entry_is_a_conflict(workspace, now):
     entry = make(workspace, now)
-    services.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=entry.pk, now=now)
     with pytest.raises(Conflict):
-        services.entry_feedback(workspace=workspace, entry_id=entry.pk, signal="helpful", now=now)
+        entry_signals.entry_feedback(workspace=workspace, entry_id=entry.pk, signal="helpful", now=now)
 
 
 def test_pin_and_unpin(workspace, now):
     entry = make(workspace, now)
     later = now + timedelta(days=1)
-    assert services.entry_set_pinned(workspace=workspace, entry_id=entry.pk, pinned=True, now=later).pinned
+    assert entry_changes.entry_set_pinned(
+        workspace=workspace, entry_id=entry.pk, pinned=True, now=later
+    ).pinned
     stored = reload(entry)
     assert (stored.pinned, stored.updated_at) == (True, later)
-    services.entry_set_pinned(workspace=workspace, entry_id=entry.pk, pinned=False, now=later)
+    entry_changes.entry_set_pinned(workspace=workspace, entry_id=entry.pk, pinned=False, now=later)
     assert reload(entry).pinned is False
 
 
 def test_pinning_an_already_pinned_entry_changes_nothing(workspace, now):
     entry = make(workspace, now, pinned=True)
     before = snapshot()
-    services.entry_set_pinned(
+    entry_changes.entry_set_pinned(
         workspace=workspace, entry_id=entry.pk, pinned=True, now=now + timedelta(days=1)
     )
     assert snapshot() == before
@@ -1155,7 +1181,7 @@ def test_pinned_must_be_a_boolean(workspace, now, pinned):
     entry = make(workspace, now)
     before = snapshot()
     with pytest.raises(InvalidInput):
-        services.entry_set_pinned(workspace=workspace, entry_id=entry.pk, pinned=pinned, now=now)
+        entry_changes.entry_set_pinned(workspace=workspace, entry_id=entry.pk, pinned=pinned, now=now)
     assert snapshot() == before
 
 
@@ -1165,42 +1191,44 @@ def test_pinned_must_be_a_boolean(workspace, now, pinned):
 def _scoped_calls():
     """Each service, called in the other workspace with ids of this workspace's rows."""
     return {
-        "entry_get": lambda ws, ids, now: services.entry_get(workspace=ws, entry_id=ids["live"]),
-        "update content": lambda ws, ids, now: services.entry_update(
+        "entry_get": lambda ws, ids, now: writes.entry_get(workspace=ws, entry_id=ids["live"]),
+        "update content": lambda ws, ids, now: entry_changes.entry_update(
             workspace=ws, entry_id=ids["live"], content="hijacked", now=now
         ),
-        "update fields": lambda ws, ids, now: services.entry_update(
+        "update fields": lambda ws, ids, now: entry_changes.entry_update(
             workspace=ws, entry_id=ids["live"], title="hijacked", now=now
         ),
-        "tombstone": lambda ws, ids, now: services.entry_tombstone(
+        "tombstone": lambda ws, ids, now: entry_changes.entry_tombstone(
             workspace=ws, entry_id=ids["live"], now=now
         ),
-        "restore": lambda ws, ids, now: services.entry_restore(workspace=ws, entry_id=ids["dead"], now=now),
-        "set status": lambda ws, ids, now: services.entry_set_status(
+        "restore": lambda ws, ids, now: entry_changes.entry_restore(
+            workspace=ws, entry_id=ids["dead"], now=now
+        ),
+        "set status": lambda ws, ids, now: entry_changes.entry_set_status(
             workspace=ws, entry_id=ids["live"], status="archived", reason="manual", now=now
         ),
-        "link mine to theirs": lambda ws, ids, now: services.relationship_create(
+        "link mine to theirs": lambda ws, ids, now: relationships.relationship_create(
             workspace=ws, from_id=ids["live"], to_id=ids["theirs"], now=now
         ),
-        "link theirs to mine": lambda ws, ids, now: services.relationship_create(
+        "link theirs to mine": lambda ws, ids, now: relationships.relationship_create(
             workspace=ws, from_id=ids["theirs"], to_id=ids["live"], now=now
         ),
-        "unlink": lambda ws, ids, now: services.relationship_delete(
+        "unlink": lambda ws, ids, now: relationships.relationship_delete(
             workspace=ws, relationship_id=ids["link"], now=now
         ),
-        "access": lambda ws, ids, now: services.entry_record_access(
+        "access": lambda ws, ids, now: entry_signals.entry_record_access(
             workspace=ws, entry_id=ids["live"], actor="intruder", dispatch=True, now=now
         ),
-        "reinforce": lambda ws, ids, now: services.entry_reinforce(
+        "reinforce": lambda ws, ids, now: entry_signals.entry_reinforce(
             workspace=ws, entry_id=ids["live"], now=now
         ),
-        "feedback": lambda ws, ids, now: services.entry_feedback(
+        "feedback": lambda ws, ids, now: entry_signals.entry_feedback(
             workspace=ws, entry_id=ids["live"], signal="wrong", now=now
         ),
-        "pin": lambda ws, ids, now: services.entry_set_pinned(
+        "pin": lambda ws, ids, now: entry_changes.entry_set_pinned(
             workspace=ws, entry_id=ids["live"], pinned=True, now=now
         ),
-        "create linking mine": lambda ws, ids, now: services.entry_create(
+        "create linking mine": lambda ws, ids, now: new_entries.entry_create(
             workspace=ws, content="x", links=[{"to_id": ids["live"]}], now=now
         ),
     }
@@ -1211,7 +1239,7 @@ def test_another_workspaces_ids_are_not_found_and_nothing_changes(workspace, oth
     live = make(workspace, now, "mine", tags=["t"], anchors=[{"path": "a.py"}])
     helper = make(workspace, now, "helper", links=[{"to_id": live.pk}])
     dead = make(workspace, now, "dead")
-    services.entry_tombstone(workspace=workspace, entry_id=dead.pk, now=now)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=dead.pk, now=now)
     theirs = make(other_workspace, now, "theirs")
     link = Relationship.objects.get(from_entry=helper)
     ids = {"live": live.pk, "dead": dead.pk, "theirs": theirs.pk, "link": link.pk}
@@ -1237,33 +1265,35 @@ def test_a_sequence_of_writes_never_removes_an_entry(workspace, now):
     step()
     b = make(workspace, t, "b", links=[{"to_id": a.pk, "type": "caused"}], staged_class="conceptual")
     step()
-    a2 = services.entry_update(workspace=workspace, entry_id=a.pk, content="a two", now=t).entry
+    a2 = entry_changes.entry_update(workspace=workspace, entry_id=a.pk, content="a two", now=t).entry
     step()
-    services.entry_update(workspace=workspace, entry_id=a2.pk, content="a two  ", title="same", now=t)
+    entry_changes.entry_update(workspace=workspace, entry_id=a2.pk, content="a two  ", title="same", now=t)
     step()
-    services.entry_record_access(workspace=workspace, entry_id=b.pk, actor="x", dispatch=True, now=t)
+    entry_signals.entry_record_access(workspace=workspace, entry_id=b.pk, actor="x", dispatch=True, now=t)
     step()
-    services.entry_feedback(workspace=workspace, entry_id=a2.pk, signal="wrong", now=t)
+    entry_signals.entry_feedback(workspace=workspace, entry_id=a2.pk, signal="wrong", now=t)
     step()
-    services.entry_reinforce(workspace=workspace, entry_id=b.pk, now=t)
+    entry_signals.entry_reinforce(workspace=workspace, entry_id=b.pk, now=t)
     step()
-    services.entry_set_status(workspace=workspace, entry_id=b.pk, status="archived", reason="manual", now=t)
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=b.pk, status="archived", reason="manual", now=t
+    )
     step()
-    services.entry_tombstone(workspace=workspace, entry_id=b.pk, now=t)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=b.pk, now=t)
     step()
-    services.entry_tombstone(workspace=workspace, entry_id=a2.pk, now=t)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=a2.pk, now=t)
     step()
-    services.entry_restore(workspace=workspace, entry_id=a2.pk, now=t)
+    entry_changes.entry_restore(workspace=workspace, entry_id=a2.pk, now=t)
     step()
-    services.entry_restore(workspace=workspace, entry_id=b.pk, now=t)
+    entry_changes.entry_restore(workspace=workspace, entry_id=b.pk, now=t)
     step()
-    rel, _ = services.relationship_create(workspace=workspace, from_id=a2.pk, to_id=b.pk, now=t)
+    rel, _ = relationships.relationship_create(workspace=workspace, from_id=a2.pk, to_id=b.pk, now=t)
     step()
     links_before = Relationship.objects.count()
-    services.relationship_delete(workspace=workspace, relationship_id=rel.pk, now=t)
+    relationships.relationship_delete(workspace=workspace, relationship_id=rel.pk, now=t)
     step()
     assert Relationship.objects.count() == links_before - 1
-    services.entry_set_pinned(workspace=workspace, entry_id=a2.pk, pinned=True, now=t)
+    entry_changes.entry_set_pinned(workspace=workspace, entry_id=a2.pk, pinned=True, now=t)
     step()
     assert seen[-1] == 3  # a, its new version a2, b
     assert Tombstone.objects.count() == 2
@@ -1275,7 +1305,7 @@ def test_a_sequence_of_writes_never_removes_an_entry(workspace, now):
 def test_a_page_read_names_its_tags_until_the_entry_is_read_again(workspace):
     from memory.selectors import with_tag_names
 
-    entry = services.entry_create(workspace=workspace, content="Tagged note", tags=["alpha"])
+    entry = new_entries.entry_create(workspace=workspace, content="Tagged note", tags=["alpha"])
     page = with_tag_names(list(Entry.objects.filter(pk=entry.pk)))
     page[0].tags.set([])  # written behind the attached names
 
@@ -1336,7 +1366,7 @@ def _written(entry):
     ],
 )
 def test_the_one_statement_write_stores_what_the_orm_write_stores(workspace, now, monkeypatch, fields):
-    services.tags_for_names(workspace, ["a", "b"])  # existing tags: the one-statement route
+    writes.tags_for_names(workspace, ["a", "b"])  # existing tags: the one-statement route
     targets = {
         name: make(workspace, now, f"target {name}", created_at=now - timedelta(days=3))
         for name in ("first", "second")
@@ -1344,7 +1374,7 @@ def test_the_one_statement_write_stores_what_the_orm_write_stores(workspace, now
     if "links" in fields:
         fields = {**fields, "links": [{"to_id": targets[n].pk, "type": t} for n, t in fields["links"]]}
     routes = []
-    real = services._in_one_statement
+    real = new_entries._in_one_statement
 
     def one_statement(*args):
         routes.append(real(*args))
@@ -1358,10 +1388,10 @@ def test_the_one_statement_write_stores_what_the_orm_write_stores(workspace, now
         refreshed = [(reload(t).importance, reload(t).retention) for t in targets.values()]
         assert [pytest.approx(pair, abs=1e-9) for pair in refreshed] == stored
 
-    monkeypatch.setattr(services, "_in_one_statement", one_statement)
+    monkeypatch.setattr(new_entries, "_in_one_statement", one_statement)
     fast = make(workspace, now, "written in one statement", external_id="fast", **fields)
     scores_as_a_refresh_computes()
-    monkeypatch.setattr(services, "_in_one_statement", lambda *args: False)
+    monkeypatch.setattr(new_entries, "_in_one_statement", lambda *args: False)
     slow = make(workspace, now, "written in one statement", external_id="slow", **fields)
     scores_as_a_refresh_computes()
     assert routes == [True]
@@ -1374,8 +1404,10 @@ def test_the_one_statement_write_stores_what_the_orm_write_stores(workspace, now
 def test_a_write_with_a_new_tag_or_a_checked_rule_goes_through_the_orm(workspace, now, monkeypatch):
     target = make(workspace, now, "target")
     routes = []
-    real = services._in_one_statement
-    monkeypatch.setattr(services, "_in_one_statement", lambda *args: routes.append(real(*args)) or routes[-1])
+    real = new_entries._in_one_statement
+    monkeypatch.setattr(
+        new_entries, "_in_one_statement", lambda *args: routes.append(real(*args)) or routes[-1]
+    )
     make(workspace, now, "new tag", tags=["brand-new"])
     make(workspace, now, "linked", links=[{"to_id": target.pk}])
     make(workspace, now, "rule", entry_type="rule", tier="constitutional")
@@ -1390,13 +1422,13 @@ def test_a_linked_create_that_fails_after_its_insert_leaves_nothing(
     # The entry, its tags, anchor, links and event are written before the targets' rescore:
     # a failure there must take them all back, and leave a caller's transaction usable.
     target = make(workspace, now, "target")
-    services.tags_for_names(workspace, ["a"])
+    writes.tags_for_names(workspace, ["a"])
     before = snapshot()
 
     def broken(*args, **kwargs):
         raise RuntimeError("rescore failed")
 
-    monkeypatch.setattr(services, "_rescore", broken)
+    monkeypatch.setattr(new_entries, "rescore_written", broken)
     fields = {"tags": ["a"], "anchors": [{"path": "x.py"}], "links": [{"to_id": target.pk, "type": "caused"}]}
     if in_callers_transaction:
         with transaction.atomic():
@@ -1414,7 +1446,7 @@ def test_a_linked_create_that_fails_after_its_insert_leaves_nothing(
 @pytest.mark.parametrize("order", ["missing first", "tombstoned first"])
 def test_a_missing_link_target_is_reported_before_a_tombstoned_one(workspace, now, order):
     dead = make(workspace, now, "dead")
-    services.entry_tombstone(workspace=workspace, entry_id=dead.pk, now=now)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=dead.pk, now=now)
     ids = [10**9, dead.pk] if order == "missing first" else [dead.pk, 10**9]
     with pytest.raises(NotFound):
         make(workspace, now, "linked", links=[{"to_id": i} for i in ids])

@@ -1,8 +1,8 @@
 """Fail when a project module reaches into another module's private names.
 
 A name starting with one underscore is its module's own: another module of the project (under
-``config``, ``memory``, ``maintenance``) neither imports it (``from memory.services import
-_x``) nor reads it through the module (``services._x``). Tests and benchmarks may. Run by
+``config``, ``memory``, ``maintenance``) neither imports it (``from memory.writes import
+_x``) nor reads it through the module (``writes._x``). Tests and benchmarks may. Run by
 ``make lint``; prints each use as ``path:line: module._name`` and exits 1 if there is one."""
 
 from __future__ import annotations

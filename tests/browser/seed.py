@@ -79,7 +79,7 @@ def seed(password: str) -> dict[str, Any]:
 
     from maintenance.models import Dispute
     from maintenance.runs import run_maintenance
-    from memory import services
+    from memory import accounts, entry_changes, new_entries
     from memory.models import Entry
     from memory.policy_model import MaintenancePolicy
 
@@ -89,15 +89,15 @@ def seed(password: str) -> dict[str, Any]:
 
     def workspace(slug: str, name: str, review_mode: str = "apply") -> Any:
         # Apply mode unless a scenario is about approval: most scenarios review what a run did.
-        ws = services.workspace_create(slug=slug, name=name, review_mode=review_mode)
-        services.membership_set(workspace=ws, user=user, role="operator")
+        ws = accounts.workspace_create(slug=slug, name=name, review_mode=review_mode)
+        accounts.membership_set(workspace=ws, user=user, role="operator")
         for text in KEEPERS:
-            services.entry_create(workspace=ws, content=f"{text} ({slug})", source="operator")
+            new_entries.entry_create(workspace=ws, content=f"{text} ({slug})", source="operator")
         return ws
 
     def old_notes(ws: Any) -> list[int]:
         return [
-            services.entry_create(workspace=ws, content=text, created_at=now - timedelta(days=400 + i)).pk
+            new_entries.entry_create(workspace=ws, content=text, created_at=now - timedelta(days=400 + i)).pk
             for i, text in enumerate(OLD_NOTES)
         ]
 
@@ -122,13 +122,13 @@ def seed(password: str) -> dict[str, Any]:
 
     hyg = workspace("hygiene", "Hygiene")
     out["hygiene"] = [
-        services.entry_create(workspace=hyg, content=text, created_at=now - timedelta(days=40)).pk
+        new_entries.entry_create(workspace=hyg, content=text, created_at=now - timedelta(days=40)).pk
         for text in JUNK
     ]
 
     pager = workspace("pager", "Pager")  # two pages of hygiene candidates (25 a page)
     for i in range(30):
-        services.entry_create(workspace=pager, content=f"wip {i}...", created_at=now - timedelta(days=40))
+        new_entries.entry_create(workspace=pager, content=f"wip {i}...", created_at=now - timedelta(days=40))
 
     rev = workspace("revert", "Revert")
     archives_old_notes(rev)
@@ -136,13 +136,13 @@ def seed(password: str) -> dict[str, Any]:
     out["revert_run"] = run_maintenance(workspace=rev, trigger="cli")
 
     tomb = workspace("tombstone", "Tombstone")
-    gone = services.entry_create(workspace=tomb, content="The old VPN endpoint is vpn1.example.test")
-    services.entry_tombstone(workspace=tomb, entry_id=gone.pk, actor=f"user:{USERNAME}")
+    gone = new_entries.entry_create(workspace=tomb, content="The old VPN endpoint is vpn1.example.test")
+    entry_changes.entry_tombstone(workspace=tomb, entry_id=gone.pk, actor=f"user:{USERNAME}")
     out["tombstoned"] = gone.pk
 
     dis = workspace("dispute", "Dispute")
-    a = services.entry_create(workspace=dis, content="Always use tabs for indentation", entry_type="rule")
-    b = services.entry_create(workspace=dis, content="Never use tabs for indentation", entry_type="rule")
+    a = new_entries.entry_create(workspace=dis, content="Always use tabs for indentation", entry_type="rule")
+    b = new_entries.entry_create(workspace=dis, content="Never use tabs for indentation", entry_type="rule")
     dispute = Dispute.objects.create(
         workspace=dis, entry_a_id=a.pk, entry_b_id=b.pk, detected_by="sweep", similarity=0.8
     )
@@ -152,7 +152,7 @@ def seed(password: str) -> dict[str, Any]:
     # stale runbook; nothing is changed until an operator approves.
     appr = workspace("approve", "Approve", review_mode="propose")
     out["approve_cold"] = old_notes(appr)
-    runbook = services.entry_create(
+    runbook = new_entries.entry_create(
         workspace=appr,
         title="Runbook: rotate the staging certificates",
         content="Rotate the staging certificates with the vault CLI, then restart the ingress pods.",
@@ -178,8 +178,8 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
     review tabs, API keys). ``workspace`` makes a workspace as seed() does."""
     from maintenance.models import Dispute
     from maintenance.runs import run_maintenance
-    from memory import holds, services
-    from memory.models import HoldReason
+    from memory import accounts, entry_changes, holds, new_entries
+    from memory.models.choices import HoldReason
     from memory.policy_model import MaintenancePolicy
 
     ws = workspace("layout", "Payments platform (long values)")
@@ -188,7 +188,7 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
     policy.save()
     project = "payments-platform/reconciliation-service"
     notes = [
-        services.entry_create(
+        new_entries.entry_create(
             workspace=ws,
             title=title,
             content=f"{title}.\n\nSeen again on 2024-11-07 by the on-call engineer; see the runbook.",
@@ -200,7 +200,7 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
         )
         for i, (title, tags) in enumerate(LONG_NOTES)
     ]
-    entry = services.entry_create(
+    entry = new_entries.entry_create(
         workspace=ws,
         title="Ledger snapshot writer retries: back off exponentially, never more than five attempts",
         content=(
@@ -233,14 +233,14 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
         links=[{"to_id": n.pk} for n in notes[:3]],
     )
     for step in ("five attempts", "five attempts, then page the on-call engineer"):
-        entry = services.entry_update(
+        entry = entry_changes.entry_update(
             workspace=ws,
             entry_id=entry.pk,
             content=f"{entry.content}\nAmended: {step}.",
             actor="user:steward",
         ).entry
     for i in range(3):
-        services.entry_create(
+        new_entries.entry_create(
             workspace=ws,
             content=f"Deploy freeze window {i + 1} of the payments platform: no schema migrations on Fridays",
             tags=["deploy-freeze", "schema-migrations", f"release-train-2024-w{45 + i}"],
@@ -249,13 +249,13 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
             tier="constitutional" if i == 0 else "procedural",
         )
     for text in JUNK:
-        services.entry_create(workspace=ws, content=text, created_at=now - timedelta(days=40))
-    a = services.entry_create(
+        new_entries.entry_create(workspace=ws, content=text, created_at=now - timedelta(days=40))
+    a = new_entries.entry_create(
         workspace=ws,
         entry_type="rule",
         content="Always run the ledger export after the reconciliation batch has released its connections",
     )
-    b = services.entry_create(
+    b = new_entries.entry_create(
         workspace=ws,
         entry_type="rule",
         content="Never run the ledger export while any reconciliation batch is still scheduled for the night",
@@ -264,7 +264,7 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
         workspace=ws, entry_a_id=a.pk, entry_b_id=b.pk, detected_by="sweep", similarity=0.83
     )
     for i, text in enumerate(LONG_OLD_NOTES):
-        services.entry_create(workspace=ws, content=text, created_at=now - timedelta(days=400 + i))
+        new_entries.entry_create(workspace=ws, content=text, created_at=now - timedelta(days=400 + i))
     # Decay tombstones the old notes, after a backup: automatic changes, tombstones, a backup file.
     first = run_maintenance(workspace=ws, trigger="cli")
     # An operator's hold on one of them: its badge names who, since when and why.
@@ -275,18 +275,18 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
     # Then the workspace reviews first: a later run's proposals wait on the pending tab.
     MaintenancePolicy.objects.filter(workspace=ws).update(review_mode="propose")
     for i, text in enumerate(LONG_PROPOSED):
-        services.entry_create(workspace=ws, content=text, created_at=now - timedelta(days=420 + i))
-    agent, _ = services.api_key_create(
+        new_entries.entry_create(workspace=ws, content=text, created_at=now - timedelta(days=420 + i))
+    agent, _ = accounts.api_key_create(
         workspace=ws, name="claude-code-agent-payments-platform-reconciliation", role="operator"
     )
-    run_maintenance(workspace=ws, trigger="api", actor=services.actor_for_key(agent))
+    run_maintenance(workspace=ws, trigger="api", actor=accounts.actor_for_key(agent))
     for name, role in (
         ("ci-pipeline-nightly-ledger-export-to-data-warehouse", "agent"),
         ("grafana-dashboard-readonly-observability", "viewer"),
     ):
-        services.api_key_create(workspace=ws, name=name, role=role, actor="user:steward")
-    revoked, _ = services.api_key_create(workspace=ws, name="old-laptop-cli-2023", role="agent")
-    services.api_key_revoke(workspace=ws, key_id=revoked.pk)
+        accounts.api_key_create(workspace=ws, name=name, role=role, actor="user:steward")
+    revoked, _ = accounts.api_key_create(workspace=ws, name="old-laptop-cli-2023", role="agent")
+    accounts.api_key_revoke(workspace=ws, key_id=revoked.pk)
     return {"layout_entry": entry.pk, "layout_run": first["run_id"]}
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from memory import services
+from memory import accounts
 from memory.errors import ServiceError
 from memory.models import Workspace
 
@@ -60,4 +60,4 @@ class WorkspaceCommand(JsonCommand):
 
     def get_workspace(self, slug: str) -> Workspace:
         with service_errors():
-            return services.workspace_get(slug)
+            return accounts.workspace_get(slug)

@@ -12,8 +12,8 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
 from cli.management.commands._base import WorkspaceCommand, service_errors
-from memory import services
-from memory.models import Role
+from memory import accounts
+from memory.models.choices import Role
 
 
 class Command(WorkspaceCommand):
@@ -51,7 +51,7 @@ class Command(WorkspaceCommand):
                 user.set_password(password if password is not None else generated)
                 user.save()
             with service_errors():
-                membership = services.membership_set(workspace=workspace, user=user, role=options["role"])
+                membership = accounts.membership_set(workspace=workspace, user=user, role=options["role"])
 
         if options["json"]:
             self.emit_json(

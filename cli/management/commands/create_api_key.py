@@ -7,8 +7,8 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from cli.management.commands._base import WorkspaceCommand, service_errors
-from memory import services
-from memory.models import KeyRole
+from memory import accounts
+from memory.models.choices import KeyRole
 
 
 class Command(WorkspaceCommand):
@@ -22,7 +22,7 @@ class Command(WorkspaceCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         workspace = self.get_workspace(options["workspace"])
         with service_errors():
-            key, raw = services.api_key_create(
+            key, raw = accounts.api_key_create(
                 workspace=workspace, name=options["name"], role=options["role"], actor="cli"
             )
         if options["json"]:

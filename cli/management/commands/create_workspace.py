@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from cli.management.commands._base import JsonCommand, service_errors
-from memory import services
+from memory import accounts
 from memory.policy import APPLY, PROPOSE
 
 
@@ -30,7 +30,7 @@ class Command(JsonCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         with service_errors():
-            workspace = services.workspace_create(
+            workspace = accounts.workspace_create(
                 slug=options["slug"], name=options["name"], review_mode=options["review_mode"]
             )
         mode = options["review_mode"]

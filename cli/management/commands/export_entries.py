@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from cli.management.commands._base import WorkspaceCommand
-from memory import journal
+from memory import journal_export
 
 
 class Command(WorkspaceCommand):
@@ -30,7 +30,7 @@ class Command(WorkspaceCommand):
         workspace = self.get_workspace(options["workspace"])
 
         if not options["output"]:
-            journal.export_journal(workspace=workspace, out=self.stdout)
+            journal_export.export_journal(workspace=workspace, out=self.stdout)
             return
 
         target = Path(options["output"])
@@ -42,7 +42,7 @@ class Command(WorkspaceCommand):
         try:
             os.chmod(tmp, 0o644)  # mkstemp makes it private; an export is an ordinary file
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
-                counts = journal.export_journal(workspace=workspace, out=out)
+                counts = journal_export.export_journal(workspace=workspace, out=out)
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -13,7 +13,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from cli.management.commands._base import WorkspaceCommand
-from memory import journal
+from memory import journal_import
 from memory.policy_model import MaintenancePolicy
 
 
@@ -63,7 +63,7 @@ class Command(WorkspaceCommand):
 
         bar = _ProgressBar() if not options["json"] and sys.stderr.isatty() else None
         try:
-            counts = journal.import_journal(workspace=workspace, path=path, progress=bar)
+            counts = journal_import.import_journal(workspace=workspace, path=path, progress=bar)
         except OSError as exc:
             raise CommandError(f"{path}: {exc.strerror or exc}") from None
         finally:

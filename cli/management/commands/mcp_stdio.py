@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from api import mcp
+from api import mcp, mcp_calls
 from memory.auth import key_principal
 
 KEY_ENV = "MEMORY_STEWARD_KEY"
@@ -32,9 +32,9 @@ class Command(BaseCommand):
         key = options["key"] or os.environ.get(KEY_ENV, "")
         if not key:
             raise CommandError(f"an API key is needed: --key KEY or ${KEY_ENV}")
-        who = mcp.in_django(lambda: key_principal(key))
+        who = mcp_calls.in_django(lambda: key_principal(key))
         if who is None:
             raise CommandError("the API key is unknown or revoked")
         self.stderr.write(f"MCP over stdio: workspace {who.workspace.slug!r}, role {who.role}")
-        mcp.STDIO.key = key
+        mcp_calls.STDIO.key = key
         anyio.run(mcp.build_server().run_stdio_async)

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from cli.management.commands._base import WorkspaceCommand, service_errors
-from memory import services
+from memory import entry_changes
 from memory.holds import RELEASE
 from memory.models import LifecycleEvent
 
@@ -22,7 +22,9 @@ class Command(WorkspaceCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         workspace = self.get_workspace(options["workspace"])
         with service_errors():
-            entry = services.entry_release(workspace=workspace, entry_id=options["entry_id"], actor="cli")
+            entry = entry_changes.entry_release(
+                workspace=workspace, entry_id=options["entry_id"], actor="cli"
+            )
         # The release event keeps the hold that ended: who had held the entry, since when, why.
         events = LifecycleEvent.objects.filter(entry=entry, reason=RELEASE)
         event = events.order_by("-created_at", "-pk").first()

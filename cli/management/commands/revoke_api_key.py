@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from cli.management.commands._base import WorkspaceCommand, service_errors
-from memory import services
+from memory import accounts
 from memory.models import ApiKey
 
 
@@ -27,7 +27,7 @@ class Command(WorkspaceCommand):
         if key_id is None:
             raise CommandError(f"api key {prefix!r} not found in workspace {workspace.slug!r}")
         with service_errors():
-            key = services.api_key_revoke(workspace=workspace, key_id=key_id)
+            key = accounts.api_key_revoke(workspace=workspace, key_id=key_id)
         if options["json"]:
             self.emit_json(
                 {

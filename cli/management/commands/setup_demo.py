@@ -18,8 +18,9 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from memory import journal, services
-from memory.models import Entry, Role, Workspace
+from memory import accounts, journal_import
+from memory.models import Entry, Workspace
+from memory.models.choices import Role
 from memory.policy import PROPOSE
 from memory.policy_model import MaintenancePolicy
 from memory.scoring_db import refresh_scores
@@ -57,10 +58,10 @@ class Command(BaseCommand):
         with transaction.atomic():
             workspace = Workspace.objects.filter(slug=DEMO_SLUG).first()
             if workspace is None:
-                workspace = services.workspace_create(
+                workspace = accounts.workspace_create(
                     slug=DEMO_SLUG, name="Demo workspace", review_mode=PROPOSE
                 )
-                counts = journal.import_journal(workspace=workspace, path=journal.SAMPLE_PATH)
+                counts = journal_import.import_journal(workspace=workspace, path=journal_import.SAMPLE_PATH)
                 _make_it_recent(workspace)
                 self.stdout.write(
                     f"Created workspace '{DEMO_SLUG}' with {counts.created} memories "
@@ -75,7 +76,7 @@ class Command(BaseCommand):
                 password = secrets.token_urlsafe(12)
                 # The local owner of an embedded install: may use the admin and every console action.
                 user = User.objects.create_superuser(username=username, email="", password=password)
-            services.membership_set(workspace=workspace, user=user, role=Role.ADMIN)
+            accounts.membership_set(workspace=workspace, user=user, role=Role.ADMIN)
         if password:
             self.stdout.write(
                 self.style.SUCCESS(

@@ -1,9 +1,6 @@
-"""The memory domain: workspaces and their members, keys, entries with versions, links,
-code anchors, tombstones and the lifecycle audit trail.
-
-Every row carries its workspace (directly or through its entry) so that every query can be
-scoped; nothing crosses workspaces.
-"""
+"""Entries with their versions (a lineage of rows, one ``is_latest``), their queries and partial
+indexes, and their stored scores (``EntryScore``, beside the wide entry row). Every row carries
+its workspace so that every query can be scoped."""
 
 from __future__ import annotations
 
@@ -11,227 +8,29 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import models
 from django.db.models import BooleanField, Exists, Expression, F, OuterRef, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-CONTENT_MAX = 50_000
-TITLE_MAX = 200
-ID_MAX = 2**63 - 1  # the largest id: 64-bit on both databases (SQLite refuses larger integers)
-
-
-class Role(models.TextChoices):
-    VIEWER = "viewer"
-    OPERATOR = "operator"
-    ADMIN = "admin"
-
-
-class KeyRole(models.TextChoices):
-    VIEWER = "viewer"  # reads only: a dashboard's key, or an agent that must not write
-    AGENT = "agent"
-    OPERATOR = "operator"
-    ADMIN = "admin"
-
-
-class EntryType(models.TextChoices):
-    DECISION = "decision"
-    BUG_FIX = "bug_fix"
-    DEVELOPMENT_NOTE = "development_note"
-    TECHNICAL_NOTE = "technical_note"
-    OBSERVATION = "observation"
-    RULE = "rule"
-    LESSON = "lesson"
-    RETROSPECTIVE = "retrospective"
-    TEST_ENTRY = "test_entry"
-    RELEASE = "release"
-    RESEARCH = "research"
-    PLANNING = "planning"
-    MAINTENANCE = "maintenance"
-    OTHER = "other"
-
-
-class Tier(models.TextChoices):
-    EPISODIC = "episodic"
-    SEMANTIC = "semantic"
-    PROCEDURAL = "procedural"
-    CONSTITUTIONAL = "constitutional"
-
-
-class Source(models.TextChoices):
-    AGENT = "agent"
-    IMPORT = "import"
-    PLATFORM = "platform"
-    OPERATOR = "operator"
-    SYSTEM = "system"
-
-
-# Automation may archive or tombstone entries from these sources only.
-MANAGED_SOURCES = (Source.AGENT, Source.IMPORT, Source.PLATFORM)
-
-
-class ValidationStatus(models.TextChoices):
-    NONE = "none"
-    PASSED = "passed"
-    FAILED = "failed"
-
-
-class SignificanceType(models.TextChoices):
-    MILESTONE = "milestone"
-    BREAKTHROUGH = "breakthrough"
-    DECISION = "decision"
-    ARCHITECTURE = "architecture"
-    LESSON_LEARNED = "lesson_learned"
-    BLOCKER_RESOLVED = "blocker_resolved"
-    RELEASE = "release"
-    SECURITY = "security"
-
-
-class Status(models.TextChoices):
-    STAGED = "staged"
-    ACTIVE = "active"
-    STALE = "stale"
-    ARCHIVED = "archived"
-    TOMBSTONED = "tombstoned"
-
-
-# Shown by default reads and search (staged only when asked for).
-VISIBLE_STATUSES = (Status.ACTIVE, Status.STALE)
-# Statuses an entry can be restored to; "live" for reads.
-LIVE_STATUSES = (Status.STAGED, Status.ACTIVE, Status.STALE)
-# Every status but tombstoned: what the console lists, what the other end of a counted link may
-# have, what a workspace counts as its live entries.
-LISTED_STATUSES = (Status.STAGED, Status.ACTIVE, Status.STALE, Status.ARCHIVED)
-
-
-class HoldReason(models.TextChoices):
-    """Why an operator hold protects an entry: the operator decision behind it."""
-
-    RESTORE = "restore"
-    REVERT = "revert"
-    REJECT = "reject"
-    KEEP = "keep"
-    DISPUTE = "dispute"
-
-
-class StagedClass(models.TextChoices):
-    PROCEDURAL = "procedural"
-    CONCEPTUAL = "conceptual"
-    REFERENCE = "reference"
-    ANALOGICAL = "analogical"
-    EVIDENCE = "evidence"
-
-
-class FeedbackSignal(models.TextChoices):
-    HELPFUL = "helpful"
-    NOT_HELPFUL = "not_helpful"
-    STALE = "stale"
-    WRONG = "wrong"
-
-
-class RelationshipType(models.TextChoices):
-    REFERENCES = "references"
-    IMPLEMENTS = "implements"
-    CLARIFIES = "clarifies"
-    RESPONSE_TO = "response_to"
-    EVOLVES_FROM = "evolves_from"
-    BLOCKED_BY = "blocked_by"
-    RESOLVED = "resolved"
-    CAUSED = "caused"
-    SUPERSEDES = "supersedes"
-    CONTRADICTS = "contradicts"
-    DUPLICATES = "duplicates"
-
-
-EXTERNAL_ID_UNIQUE = "entry_external_id_unique_per_workspace"
-
-CAUSAL_TYPES = (RelationshipType.BLOCKED_BY, RelationshipType.RESOLVED, RelationshipType.CAUSED)
-
-
-class AnchorStatus(models.TextChoices):
-    VALID = "valid"
-    STALE = "stale"
-    INVALIDATED = "invalidated"
-
-
-class TombstoneReason(models.TextChoices):
-    PRUNE = "prune"
-    DECAY = "decay"
-    TTL = "ttl"
-    RECLAIM = "reclaim"
-    HYGIENE = "hygiene"
-    MANUAL = "manual"
-    API = "api"
-
-
-def _choices_check(field: str, choices: type[models.TextChoices], name: str) -> models.CheckConstraint:
-    return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=name)
-
-
-class Workspace(models.Model):
-    slug = models.SlugField(max_length=64, unique=True)
-    name = models.CharField(max_length=200, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ["slug"]
-
-    def __str__(self) -> str:
-        return self.slug
-
-
-class Membership(models.Model):
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="memberships")
-    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["user", "workspace"], name="membership_unique_user_workspace"),
-            _choices_check("role", Role, "membership_role_valid"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.user} @ {self.workspace} ({self.role})"
-
-
-class ApiKey(models.Model):
-    """A bearer key. Only its sha256 is stored: keys are 256-bit random tokens, so a fast hash
-    is enough (no dictionary to guard against) and lookups stay a single indexed query."""
-
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="api_keys")
-    name = models.CharField(max_length=100)
-    role = models.CharField(max_length=16, choices=KeyRole.choices, default=KeyRole.AGENT)
-    prefix = models.CharField(max_length=16, unique=True, help_text="Shown in the UI to tell keys apart")
-    secret_hash = models.CharField(max_length=64, unique=True, editable=False)
-    created_at = models.DateTimeField(default=timezone.now)
-    created_by = models.CharField(max_length=200, blank=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        constraints = [_choices_check("role", KeyRole, "apikey_role_valid")]
-
-    def __str__(self) -> str:
-        return f"{self.prefix}… ({self.name})"
-
-    @property
-    def is_active(self) -> bool:
-        return self.revoked_at is None
-
-
-class Tag(models.Model):
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="tags")
-    name = models.CharField(max_length=100)
-
-    class Meta:
-        ordering = ["name"]
-        constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="tag_unique_per_workspace")]
-
-    def __str__(self) -> str:
-        return self.name
+from memory.models.choices import (
+    EXTERNAL_ID_UNIQUE,
+    LIVE_STATUSES,
+    MANAGED_SOURCES,
+    TITLE_MAX,
+    VISIBLE_STATUSES,
+    EntryType,
+    FeedbackSignal,
+    HoldReason,
+    SignificanceType,
+    Source,
+    StagedClass,
+    Status,
+    Tier,
+    ValidationStatus,
+    choices_check,
+)
+from memory.models.workspaces import Tag, Workspace
 
 
 class IndexCondition(Expression):
@@ -450,10 +249,10 @@ class Entry(models.Model):
                 condition=Q(is_latest=True, external_id__isnull=False),
                 name=EXTERNAL_ID_UNIQUE,
             ),
-            _choices_check("status", Status, "entry_status_valid"),
-            _choices_check("tier", Tier, "entry_tier_valid"),
-            _choices_check("source", Source, "entry_source_valid"),
-            _choices_check("validation_status", ValidationStatus, "entry_validation_valid"),
+            choices_check("status", Status, "entry_status_valid"),
+            choices_check("tier", Tier, "entry_tier_valid"),
+            choices_check("source", Source, "entry_source_valid"),
+            choices_check("validation_status", ValidationStatus, "entry_validation_valid"),
             models.CheckConstraint(
                 condition=Q(impact_score__isnull=True) | Q(impact_score__gte=0, impact_score__lte=1),
                 name="entry_impact_in_range",
@@ -599,220 +398,3 @@ class EntryScore(models.Model):
 
     def __str__(self) -> str:
         return f"scores of entry {self.entry_id}: retention {self.retention:.3f}"
-
-
-class EntryAccess(models.Model):
-    """Per-actor access counter of a lineage; the number of rows is the entry's readers."""
-
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
-    lineage_id = models.BigIntegerField()
-    actor = models.CharField(max_length=200)
-    count = models.PositiveIntegerField(default=0)
-    first_at = models.DateTimeField(default=timezone.now)
-    last_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        verbose_name_plural = "entry accesses"
-        constraints = [
-            models.UniqueConstraint(fields=["lineage_id", "actor"], name="access_unique_lineage_actor")
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.actor} → lineage {self.lineage_id} ×{self.count}"
-
-
-class Relationship(models.Model):
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="relationships")
-    from_entry = models.ForeignKey(Entry, on_delete=models.CASCADE, related_name="links_out")
-    to_entry = models.ForeignKey(Entry, on_delete=models.CASCADE, related_name="links_in")
-    type = models.CharField(
-        max_length=16, choices=RelationshipType.choices, default=RelationshipType.REFERENCES
-    )
-    created_at = models.DateTimeField(default=timezone.now)
-    created_by = models.CharField(max_length=200, blank=True)
-    pruned_at = models.DateTimeField(null=True, blank=True, help_text="Deactivated by maintenance")
-    pruned_by_run = models.ForeignKey(
-        "maintenance.MaintenanceRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["from_entry", "to_entry", "type"], name="relationship_unique_triple"
-            ),
-            models.CheckConstraint(condition=~Q(from_entry=F("to_entry")), name="relationship_no_self_link"),
-            _choices_check("type", RelationshipType, "relationship_type_valid"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.from_entry_id} -{self.type}-> {self.to_entry_id}"
-
-
-class CodeAnchor(models.Model):
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
-    entry = models.ForeignKey(Entry, on_delete=models.CASCADE, related_name="anchors")
-    repo = models.CharField(max_length=300, blank=True)
-    path = models.CharField(max_length=1000)
-    commit = models.CharField(max_length=64, blank=True)
-    line_start = models.PositiveIntegerField(null=True, blank=True)
-    line_end = models.PositiveIntegerField(null=True, blank=True)
-    content_hash = models.CharField(max_length=64, blank=True)
-    status = models.CharField(max_length=16, choices=AnchorStatus.choices, default=AnchorStatus.VALID)
-    checked_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        indexes = [models.Index(fields=["workspace", "repo", "path"], name="anchor_by_path")]
-        constraints = [
-            _choices_check("status", AnchorStatus, "anchor_status_valid"),
-            models.CheckConstraint(
-                condition=Q(line_start__isnull=True)
-                | Q(line_end__isnull=True)
-                | Q(line_end__gte=F("line_start")),
-                name="anchor_line_range_ordered",
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.repo}:{self.path}@{self.commit[:10]} ({self.status})"
-
-
-class Tombstone(models.Model):
-    """A soft deletion. It outlives a purged entry as a content-free record."""
-
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="tombstones")
-    entry = models.ForeignKey(
-        Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="tombstones"
-    )
-    entry_ref = models.BigIntegerField(help_text="Entry id, kept after purge")
-    lineage_ref = models.BigIntegerField(help_text="Lineage id, kept after purge")
-    content_hash = models.CharField(max_length=64)
-    reason = models.CharField(max_length=16, choices=TombstoneReason.choices)
-    previous_status = models.CharField(max_length=16, choices=Status.choices)
-    run = models.ForeignKey(
-        "maintenance.MaintenanceRun",
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="tombstones",
-    )
-    actor = models.CharField(max_length=200, default="system")
-    created_at = models.DateTimeField(default=timezone.now)
-    purge_after = models.DateTimeField()
-    restored_at = models.DateTimeField(null=True, blank=True)
-    purged_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        constraints = [
-            _choices_check("reason", TombstoneReason, "tombstone_reason_valid"),
-            models.UniqueConstraint(
-                fields=["entry"],
-                condition=Q(restored_at__isnull=True, purged_at__isnull=True),
-                name="tombstone_one_open_per_entry",
-            ),
-        ]
-        indexes = [
-            models.Index(
-                fields=["workspace", "purge_after"],
-                condition=Q(restored_at__isnull=True, purged_at__isnull=True),
-                name="tombstone_sweep_purge",
-            )
-        ]
-
-    def __str__(self) -> str:
-        return f"tombstone of #{self.entry_ref} ({self.reason})"
-
-
-class LifecycleEvent(models.Model):
-    """One row per status change of an entry: the audit trail behind every revert."""
-
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="lifecycle_events")
-    entry = models.ForeignKey(Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="events")
-    entry_ref = models.BigIntegerField()
-    from_status = models.CharField(max_length=16, blank=True, help_text="Empty for a creation")
-    to_status = models.CharField(max_length=16, help_text="A status, or 'purged'")
-    reason = models.CharField(max_length=32)
-    run = models.ForeignKey(
-        "maintenance.MaintenanceRun",
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="events",
-    )
-    actor = models.CharField(max_length=200, default="system")
-    automatic = models.BooleanField(default=False, help_text="Made by maintenance, not by a person or key")
-    reverts = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reverted_by"
-    )
-    reverted_at = models.DateTimeField(null=True, blank=True, help_text="When this change was undone")
-    created_at = models.DateTimeField(default=timezone.now)
-    details = models.JSONField(default=dict, blank=True)
-
-    class Meta:
-        indexes = [
-            models.Index(fields=["workspace", "-created_at"], name="event_recent"),
-            models.Index(fields=["entry_ref", "-created_at"], name="event_by_entry"),
-            # A run's affected entries, by action, paged in id order (the run page and the API).
-            models.Index(fields=["run", "to_status", "entry_ref"], name="event_by_run"),
-            # The automatic changes a revert would still undo (the review tab and its count, on
-            # every console page): only those rows, not every event of the workspace.
-            models.Index(
-                fields=["workspace", "run"],
-                condition=Q(
-                    automatic=True,
-                    reverted_at__isnull=True,
-                    entry__isnull=False,
-                    to_status__in=[Status.ARCHIVED, Status.TOMBSTONED],
-                ),
-                name="event_automatic_open",
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"#{self.entry_ref} {self.from_status or '∅'} → {self.to_status} ({self.reason})"
-
-
-class LiveMessage(models.Model):
-    """The outbox of live updates in the embedded mode (no shared channel layer): a process
-    that announces a change writes the rendered fragment here, and the relay task of each web
-    process forwards the rows of other processes to its websockets (see ``console.live``). Rows
-    live a few minutes."""
-
-    # A plain id, no foreign key: the outbox is transport, not workspace data (no backup, no
-    # cascade); rows of a deleted workspace simply age out.
-    workspace_id = models.BigIntegerField()
-    html = models.TextField()
-    origin = models.CharField(max_length=100, help_text="The process that wrote it (host:pid:random)")
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
-
-    def __str__(self) -> str:
-        return f"live message {self.pk} for workspace {self.workspace_id}"
-
-
-class IdempotencyKey(models.Model):
-    """The first answer to a ``POST`` of the API that carried an ``Idempotency-Key`` header,
-    kept 24 h per key and workspace so that a retry gets the same answer without a second
-    write (``memory.idempotency``). ``status`` is null while the first request is in hand."""
-
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
-    key = models.CharField(max_length=255)
-    # sha256 of what makes the request this request: method, path, query, body and caller.
-    fingerprint = models.CharField(max_length=64)
-    status = models.PositiveSmallIntegerField(null=True, blank=True)
-    body = models.TextField(blank=True, default="")
-    content_type = models.CharField(max_length=100, blank=True, default="")
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
-    locked_at = models.DateTimeField(null=True, blank=True, help_text="Set while the request is in hand")
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["workspace", "key"], name="idempotencykey_unique_workspace_key")
-        ]
-
-    def __str__(self) -> str:
-        return f"idempotency key {self.key!r} of workspace {self.workspace_id}"
-
-
-# Defined in its own module (it needs the workspace above); imported here so that Django
-# registers it with the app's other models.
-from memory.policy_model import MaintenancePolicy  # noqa: E402, F401
