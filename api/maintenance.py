@@ -1,21 +1,11 @@
 """The maintenance endpoints of the agent API: runs, their history and revert,
 tombstones, backups, stats and the policy.
 
-Every endpoint first calls ``require`` with its minimum role.
-
-Runs. A real (non-dry) run is never worked in the request: it is recorded ``queued``, handed to
-the django-q2 worker in the same transaction (``maintenance.tasks.enqueue_run``), and the
-answer is 202 with ``{run_id, kind, dry_run, status: "queued", url}``; ``url`` is
-GET /maintenance/runs/{id}, which shows where the run is (``progress``: phase, current pass,
-rows done, elapsed) and, once it ended, its result. A dry run of a small workspace (at most
-``MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES`` latest entries, 2,000 by default: about a second
-on the bench's machine) answers inline with its result (200), as before; a larger one is
-queued too (202). ``blocked`` (circuit breaker) is an outcome of a run that was recorded, so an
-inline run answers it with 200 and the run id like any other. A run refused because another run
-holds the workspace's lease is recorded ``skipped`` and answers 409 with both ids (its own
-``run_id`` and ``running_run_id``): a 200 with zero counts would read as "nothing to do". A
-queued run is refused that way when the lease is held as it is asked for; one that meets the
-lease only when the worker starts it ends ``skipped``, which its run record shows.
+Every endpoint first calls ``require`` with its minimum role. A real run is never worked in
+the request: it is recorded ``queued`` and handed to the worker in the same transaction
+(``maintenance.tasks.enqueue_run``), answering 202; only a small workspace's dry run answers
+inline. A run refused because another holds the workspace's lease is recorded ``skipped`` and
+answers 409 with both ids. The contract: docs/maintenance.md ("Runs out of the request").
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """``/mcp`` over Streamable HTTP: the SDK's app for the tools of ``api.mcp``, behind the API key.
 
-- Stateless: the 2026-07-28 protocol has no session at all, and clients of the 2025 one are
-  served without one too (``stateless_http``), so any web process answers any request and no
-  load balancer needs sticky sessions. Answers are plain JSON (no event stream is ever kept).
-- Auth: the bearer token is an API key, verified by ``memory.auth.key_principal``, the JSON
-  API's own door (hashed lookup, revoked keys unknown, ``last_used_at``, the per-key rate
-  limit). A missing or unknown key is the SDK's 401 with ``WWW-Authenticate`` naming the
-  protected-resource metadata (RFC 9728), published at
-  ``/.well-known/oauth-protected-resource/mcp`` (and at ``/.well-known/oauth-protected-resource``).
-  A key past its rate limit answers 429 with Retry-After, an unreachable database 503, each
-  with the API's JSON body, instead of the SDK's 401.
-- Host and Origin: the SDK's DNS-rebinding checks allow the names of ``ALLOWED_HOSTS`` (any
-  port) and the origins of ``CSRF_TRUSTED_ORIGINS`` plus those names' own. Django's wildcards
-  (``*``, ``.example.com``) have no SDK equivalent: with one, Django's own host check
-  (``validate_host``) answers 421 here instead, and Origin is not checked.
-
-``config.asgi`` mounts ``app`` and enters ``running()`` in its lifespan: the SDK's session
-manager must run for the app to answer.
+Invariants: stateless (no session, plain JSON answers), so any web process answers any
+request; the bearer token is an API key checked by the JSON API's own door
+(``memory.auth.key_principal``), refusals answered with the API's statuses and bodies; Host
+and Origin are checked against ``ALLOWED_HOSTS`` and ``CSRF_TRUSTED_ORIGINS`` (Django's
+wildcards fall back to Django's host check). ``config.asgi`` mounts ``app`` and enters
+``running()`` in its lifespan: the SDK's session manager must run for the app to answer.
+The contract: docs/mcp.md.
 """
 
 from __future__ import annotations

@@ -1,57 +1,11 @@
 """Live updates of the console pages: what is announced, when, and how it reaches the browser.
 
-**What.** Ready-rendered HTML fragments whose top-level element carries an id; htmx's websocket
-extension (``hx-ws`` from django-htmx, connected by ``base.html`` on every workspace page)
-swaps each one out of band, replacing the element of the same id. The publisher renders the
-very partial the pages include, so a page shows the same thing before and after an update:
-
-- ``console/partials/live_runs.html`` — ``<section id="live-runs">``, the last runs
-  (``announce_runs``);
-- ``console/partials/run_progress.html`` — ``<div id="run-progress-<id>">``, where one run
-  is: queued, the pass it is in with rows done and time elapsed, or how it ended
-  (``run_progress``, once per pass, and when it starts and ends). Only that run's page has the
-  element; when the pushed fragment says the run ended, the page reloads its own run section
-  (``static/js/console.js``), so counts, affected entries and revert appear without a reload;
-- ``console/dashboard.html#status-counts`` — ``<section id="status-counts">``, the
-  dashboard's entries by status (``render_status_counts``, when an applied or proposing run
-  ends);
-- ``console/partials/live_queue.html`` — ``<span id="live-queue">``, the open review counts
-  of the header, the dashboard's "N changes await approval" (``<p id="live-pending">``) and
-  the review queue's tab counts (``<span id="review-count-…">``; not hygiene, whose count
-  needs a scan of every entry) (``announce_queue``). The Pending approval tab reloads its
-  rows when the pushed proposal count differs from the one it shows.
-
-Fragments go to every member of the workspace whatever their role, so they carry links and
-no action buttons (actions stay on the pages, where the server checks the role).
-
-**When.** ``run_started``/``run_finished`` are called by ``maintenance.runs`` when a run is
-recorded and when it ends (in whatever process runs it: web, django-q2 worker, command line).
-Every status change of entries — archive, tombstone, restore, revert, hygiene's archive, a
-pass's batch, an approval, a purge — is announced by the domain after commit
-(``memory.signals.entries_changed``, sent by ``memory.lifecycle``; a run, a revert or an
-approval announces once at its end): ``on_entries_changed`` receives it and sends the review
-counts (``announce_queue``), whatever door the change came through. The services that change
-review work without changing a status call ``announce_queue`` themselves (proposals recorded,
-approved or rejected; holds placed and released — keep, reject, dispute —; disputes
-flagged), and console views call it after their actions too. Rendering
-and sending happen after the transaction commits (``transaction.on_commit``): a rolled-back
-write announces nothing, and a fragment shows committed state. An announcement never breaks
-or slows the work that makes it: errors are logged and dropped, a send waits at most two
-seconds, rendering is one query.
-
-**How** (``memory.events``):
-
-- *Hosted* (``REDIS_URL``: channels-redis): the fragment is sent to the workspace's group on
-  the shared layer; every web process on every machine forwards it to its websockets.
-- *Embedded* (no Redis: ``InMemoryChannelLayer``, which reaches only its own process): the
-  fragment is sent to the local group — pages served by the same process get it at once — and
-  written to the outbox table ``LiveMessage`` with the writing process's id. Every web process
-  runs one relay task (started by the first websocket that connects, stopped a minute after
-  the last one closed) that polls the outbox every 0.5 s with one indexed query, forwards the
-  rows of *other* processes (a django-q2 worker, ``manage.py maintain``) to its local group,
-  and deletes rows older than five minutes. So a run in the worker process reaches an open
-  dashboard within about half a second, with no service beyond the database. The consumer
-  itself never touches the database.
+Ready-rendered HTML fragments (the very partials the pages include), swapped by id by htmx's
+websocket extension. Fragments go to every member whatever their role, so they carry links and
+no action buttons. Everything is rendered and sent after commit (a rolled-back write announces
+nothing), and an announcement never breaks or slows the work that makes it. Transport is
+``memory.events`` (channels-redis when hosted, else the local layer plus the ``LiveMessage``
+outbox). The fragments and who announces what are in docs/console.md ("Live updates").
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
 """The bookkeeping reclaims itself (the second half of pass 11, ``reclaim``).
 
-Every decay sweep records a MaintenanceRun (every ten minutes per workspace by default), and
-runs, LifecycleEvents and the records of purged lineages would otherwise pile up for ever. A
-full run therefore also:
-
-1. **folds** the runs that changed nothing once they are ``NOOP_KEEP_DAYS`` old: real runs that
-   succeeded without a change, skipped runs and dry runs (a preview changes nothing) become a
-   count per (UTC day, kind, status, dry run) in ``RunDaySummary``, which the run history shows
-   where the rows were;
-2. when the policy's ``audit_retention_days`` > 0, **removes** what is older than that:
-   Tombstone records of purged lineages, LifecycleEvents of purged entries, runs of which
-   nothing is left to revert or to show, and the folded day counts.
-
-What an operator can still revert is never removed. An event is removed only once its entry is
-purged (revert needs the entry; an event of a live entry is kept whatever its age, and with it
-its run). A run is removed or folded only when nothing refers to it any more: no LifecycleEvent,
-no Tombstone, no link it pruned, no open proposal or dispute. Closed proposals of
-a removed run go with it. The newest run of each (kind, status, dry run) always stays: the
-dispatcher decides what is due from the latest runs (``maintenance.tasks``), and the dashboard
-shows the last run of each kind.
-
-Work is set-based: candidate ids in keyset batches, one transaction per batch, at most
-``MAX_BATCHES`` batches per kind and run (a backlog shrinks over the next runs). The counts are
-the rows deleted (``reclaimed_rows``; kinds with nothing removed are left out). In the plan of a
-run (and so in a dry run) the same statements run inside the plan's rolled-back transaction:
-a dry run reports exactly what the real run removes, and removes nothing.
-
-No backup is written for this: it removes bookkeeping, never a memory (the entries of purged
-lineages were backed up before their purge).
+Runs that changed nothing are folded into per-day counts (``RunDaySummary``) after
+``NOOP_KEEP_DAYS``; past the policy's ``audit_retention_days`` the records of purged lineages,
+runs nothing refers to and the day counts are removed. Invariants: nothing an operator can
+still revert is removed (an event goes only once its entry is purged; a run only when no
+event, Tombstone, pruned link, open proposal or open dispute refers to it); the newest run of
+each (kind, status, dry run) stays, for the dispatcher and the dashboard; a dry run removes
+nothing and reports what the real run removes. No backup: no memory is removed. What is kept
+and for how long: docs/maintenance.md ("What the bookkeeping keeps").
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """Compaction (pass 7): many small notes of one work session become one digest.
 
-A *group* is the latest live (active or stale) ``test_entry`` and ``development_note`` entries
-of one (project, session_key) that automation may archive (managed, unpinned, not
-constitutional, none of the excluded tags) and that are older than
-``consolidation_min_age_days``. A group of more than ``consolidation_min_group`` fragments
-becomes one ``retrospective`` entry:
-
-- its content is a deterministic, readable digest: the session, the date range and count,
-  then one line per fragment (most important first, ties oldest first), cut to fit the
-  50,000-character limit with a note of how many lines were left out;
-- it links ``evolves_from`` to every fragment (so nothing is lost: each fragment stays one
-  click away, archived, and comes back when the run is reverted);
-- it is written with source ``platform`` (managed: the digest ages and can be archived like
-  any other memory; it is not an operator's word), the group's project and session key, and
-  a ``create`` LifecycleEvent of the run, so reverting the run archives the digest again;
-- the fragments are archived through the run's generic transition (one LifecycleEvent each,
-  revertible with the run).
-
-Notes without a session key are never grouped: "no session" is not one work session.
-
-The groups and their fragments are read once for the pass (a statement each); the work per
-group is then a constant number of queries (insert the digest, its links and event, archive
-the fragments in batches), never one query per entry.
+A group of more than ``consolidation_min_group`` latest live development notes and test
+entries of one (project, session_key), older than ``consolidation_min_age_days`` and that
+automation may archive, becomes one deterministic ``retrospective`` digest (source
+``platform``) linked ``evolves_from`` to every fragment; the fragments are archived. Nothing
+is deleted and the run's revert undoes it all; notes without a session key are never
+grouped; the work per group is a constant number of queries. Details: docs/quality.md
+("Compaction").
 """
 
 from __future__ import annotations

@@ -1,89 +1,13 @@
 """Contradictions: polarity, topic signatures, the sweep, the check on write and
 the operator's resolution of a dispute.
 
-**Polarity.** A text's markers are found in one left-to-right scan (``_markers``) over its
-NFC, case-folded form (typographic apostrophes read as ``'``; inline code masked, since its
-words are code, not language). Each marker adds −1, +1 or (when it only describes) 0; more
-negative than positive gives −1, the reverse +1, a tie or nothing 0.
-
-- Negative: English never, do not/don't, must not/mustn't, should not/shouldn't, avoid,
-  stop (+ gerund), forbid(s/den), disallow(ed), prohibit(ed), not allowed. Portuguese nunca,
-  não (nao), jamais, evite/evitem/evitar, proibido/a/os/as. Spanish nunca, jamás (jamas),
-  evita/evite/eviten/evitar, prohibido/a/os/as, no (see below). French ne/n' … pas|jamais|plus
-  (up to three words between: "ne le faites pas" is one marker; the verb between stays a
-  topic word), jamais, évite/évitez/éviter, interdit(e)(s). German nie, niemals, nicht,
-  kein(e/en/em/er/es), vermeide(n)/vermeidet, verboten. Chinese 不要 禁止 切勿 不得 避免 严禁
-  不应(该); Japanese しないで ないでください てはいけない てはならない べきではない べきでない 決して
-  避けて 避ける.
-- Positive: English always, must, ensure, require(d), prefer(red), should, make sure, be
-  sure, mandatory. Portuguese sempre, deve(m), deveria(m), garanta, certifique-se,
-  prefira(m), obrigatório/a. Spanish siempre, debe(s/n), debería(s), asegúrate/asegúrese,
-  prefiere/prefiera(n), obligatorio/a. French toujours, doit/doivent/devez,
-  assurez-vous/assure-toi, veillez, préférez/privilégiez, obligatoire, il faut. German immer,
-  stets, muss/musst/müssen/müsst, soll/sollst/sollen/sollte(n)/solltest, stelle/stellen
-  Sie/stellt sicher, sicherstellen, bevorzuge(n), erforderlich. Chinese 总是 始终 必须 务必 确保
-  应该 应当 一定要; Japanese 必ず 常に 必須 べき.
-- A negative marker absorbs a positive modal directly before it (up to two filler words:
-  to, you, that, we, they, also, try, que, de, à, dass, du, sie, wir) and one directly after
-  it (optionally after "se"): "always avoid", "must never", "make sure to never", "sollte
-  nicht", "não deve", "no se debe" are one *negative* marker; the positive word inside does
-  not count. "Always use X; never Y" keeps both markers: a tie, 0.
-- Double negatives ask for something and count +1: don't/never/must not + forget, skip,
-  omit, neglect ("NEVER skip the lint" = "always run it"); n'oubliez pas, nicht vergessen,
-  não (se) esqueça, no (te) olvides, 不得不. A negated requirement counts 0: not required, not
-  mandatory, not always, not necessarily, no need, need not.
-- English words that forbid only in some places (read off 1,952 real rules, see
-  bench/reports/contradictions-rules.md): "never" not after a form of be, an auxiliary or a
-  relative pronoun ("line is never executed"); "to avoid" states a purpose ("sets CI=1 to
-  avoid watch mode") unless someone tries ("try hard to avoid"); "stop" only before a gerund
-  ("stop using X", not "stop and ask").
-- Not markers, on purpose: cannot/can't/won't/doesn't (what something can or does, not what
-  to do); English "no" ("no need", "no longer" describe far more often than they forbid).
-  "do not"/"don't" always forbid, wherever they stand ("we do not squash commits" is a
-  rule; a description like "the tests do not work offline" rarely shares 40 % of its topic
-  words with an opposite rule). Spanish ``no`` is a marker unless the text looks Portuguese
-  (``no`` means "in the": "no servidor") or English (none of a few Spanish function words and
-  some of English's).
-
-**Boundaries.** Every Latin-script marker is wrapped in ``(?<!\\w)…(?!\\w)`` on ``str``
-patterns, which are Unicode-aware: "não", "über", "évitez" match as whole words, and no
-marker matches inside a longer word ("snow" is not "no", "stopwatch" not "stop", "nothing"
-not "no", "inevitable" not "evita"). Chinese and Japanese are written without spaces, so their
-markers match anywhere (no boundary exists to check); 不可 is left out because it is part of
-不可变 ("immutable").
-
-**Signature.** The first 24 content words (``maintenance.text.content_words``: three or more
-letters, not a stop word, each CJK character on its own) of the text once every marker found
-by the scan has been cut out — the polarity words are the words of the markers actually
-found (with the modals and fillers they absorbed), so "make" stays a topic word in "make a
-release" and 要 stays in 重要. Two entries conflict when both polarities are non-zero and
-opposite and the Jaccard similarity of their signatures is ≥ 0.4. An entry's text is
-title + "\\n" + content.
-
-**Choices.**
-
-- Swept: latest versions with status active or stale, durable (tier semantic, procedural or
-  constitutional, or type decision, rule or lesson). Staged traces are left out: they are
-  unconfirmed and hidden from agents; once one graduates the next sweep compares it. Entries
-  carrying one of the policy's ``exclude_tags`` are left out too (no pass touches them).
-- A pair is flagged once per kind, whatever the status of its dispute: a pair resolved
-  keep_both does not come back. Disputes belong to versions: a new version of either entry is
-  a new pair and is compared afresh.
-- ``flag_contradictions`` returns the ids of the entries in the new disputes (stable between
-  the rolled-back plan of a run and the real run; dispute ids are not), and the pairs in
-  ``extra["dispute_pairs"]``.
-- The check on write compares a constitutional entry or an operator-authored rule with the
-  40 newest active or stale latest entries that are constitutional, operator rules or of
-  importance ≥ 0.5 (the upper half of the scale; a fresh unlinked entry reaches it only with
-  high impact and trust). It returns the open disputes of every conflicting pair, new or
-  already flagged, so the response always names them.
-- Resolution: keep_first keeps ``entry_a`` (the lower id) and archives ``entry_b``;
-  keep_second the reverse; supersede links winner ``supersedes`` loser and archives the loser
-  (the winner is ``winner_id`` if given, else the newer by created_at, id). Archiving is a
-  manual LifecycleEvent (reason ``dispute``), undone by a restore. An entry that is no
-  longer the latest version or no longer live is left alone (the operator decided on a text
-  that has changed or gone); the supersedes link needs both entries latest and not
-  tombstoned. Nothing is ever merged or deleted.
+Two entries conflict when their polarities (prohibition vs positive markers) are non-zero and
+opposite and the Jaccard similarity of their topic signatures is ≥ ``MIN_SIMILARITY``. Only
+latest, active or stale, durable entries are compared; a pair is flagged once per kind,
+whatever became of its dispute, and disputes belong to versions. A resolution archives (a
+manual LifecycleEvent, undone by a restore) and may link ``supersedes``; nothing is ever
+merged or deleted. The marker rules, the signature and the choices are in docs/quality.md
+("Contradictions").
 """
 
 from __future__ import annotations
@@ -241,7 +165,7 @@ def _looks_spanish(text: str) -> bool:
 
 def _counts(text: str, m: re.Match[str]) -> int:
     """The sign a marker adds: +1, −1, or 0 for one that only describes (the English rules of
-    the module docstring: clause-initial "do not", descriptive "never", purpose "to avoid")."""
+    docs/quality.md: descriptive "never", purpose "to avoid")."""
     if m.lastgroup == "neutral":
         return 0
     if m.lastgroup != "neg":
@@ -513,7 +437,7 @@ def resolve(
     winner_id: int | None = None,
     now: datetime | None = None,
 ) -> dict[str, Any]:
-    """Resolve an open dispute (see the module docstring). Returns {"dispute", "archived"
+    """Resolve an open dispute (the rules: docs/quality.md, "Contradictions"). Returns {"dispute", "archived"
     (entry ids), "winner" (id or None), "relationship" (id of the supersedes link or None)}."""
     now = now or timezone.now()
     if resolution not in Resolution.values:

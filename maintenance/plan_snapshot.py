@@ -1,23 +1,13 @@
 """On SQLite, a run's plan works on a private copy of the database instead of holding its
 write lock.
 
-The plan (``maintenance.runs._plan``) executes every pass inside a transaction that is rolled
-back. SQLite has one writer at a time, so that transaction held the database's write lock from
-its first statement to its rollback: every API write waited for the whole plan (2.6 s at
-100,000 entries). Instead the plan's connection is pointed, for the plan's duration, at a copy
-of the database made with SQLite's online backup (one step: one consistent read, which in WAL
-mode blocks no writer; ~0.3 s for 200 MB here), in a temporary file removed afterwards. The
-plan sees exactly what a read transaction at that moment would have seen, writes only into the
-copy, and the database itself stays free for writers; the apply then takes the write lock one
-batch at a time, as before.
-
-Not taken inside a caller's transaction (its uncommitted rows would be missing from a copy, and
-SQLite cannot back up a connection in the middle of a write): the plan then runs in that
-transaction, as it always did. Nor when the copy cannot be made (a full disk): the plan then
-runs in the database, under its write lock, and says so in the log. ``PLAN_SNAPSHOT = False``
-turns the copy off. The copy goes beside the database (``PLAN_SNAPSHOT_DIR``, default the
-database's folder: where room for the database is known to be), and a copy left by a process
-killed in the middle of a plan is removed by the next plan once it is a day old.
+The plan (``maintenance.runs._plan``) is one transaction rolled back at its end; on SQLite,
+with one writer at a time, it would block every API write for the whole plan. The copy is one
+consistent read of the database (SQLite's online backup, blocking no writer in WAL mode) in a
+temporary file removed afterwards; the plan writes only into it. No copy inside a caller's
+transaction (its uncommitted rows would be missing), nor when it cannot be made (the plan then
+runs in the database, and logs it), nor with ``PLAN_SNAPSHOT = False``. How and where:
+docs/maintenance.md ("Progress").
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """The statuses a run's plan has decided, kept beside the entries instead of written into them.
 
-The plan (``maintenance.runs._plan``) executes every pass inside a transaction that is rolled
-back. A status change written there into ``memory_entry`` locked the row until the rollback —
-a write of that entry from the API waited for the whole plan (a minute and more at 1,000,000
-entries) — and left a dead row version behind. Instead, while the overlay is open, the generic
-transition records ``(entry, new status, when)`` in a temporary narrow table, and every pass
-that reads an entry's status after an earlier pass may have changed it reads it through
-``status_in``: the planned status where there is one, the stored one elsewhere. The apply then
-writes what the plan decided, one batch per transaction.
-
-Invariants: a transition sets ``status_changed_at`` (and for ``archived`` ``archived_at``) to
-the run's ``now`` — the overlay's ``changed_at``; nothing else of the row changes. A pass that
-writes other columns (graduation, compaction's summaries, contradiction disputes) still writes
-them in the plan's transaction. When tombstones may be purged in the same run (a grace of 0
-days) the plan writes every change as before (``needed``): the purge pass reads tombstone rows.
+While the overlay is open, the generic transition records ``(entry, new status, when)`` in a
+temporary table instead of locking ``memory_entry`` rows until the plan's rollback, and passes
+read statuses through ``status_in``. Invariants: a transition sets ``status_changed_at`` (and
+for ``archived`` ``archived_at``) to the run's ``now``, the overlay's ``changed_at``; nothing
+else of the row changes (passes that write other columns still write them in the plan). When
+tombstones may be purged in the same run (grace 0) the plan writes every change (``needed``):
+the purge reads tombstone rows. Why: docs/maintenance.md ("Plan").
 """
 
 from __future__ import annotations

@@ -1,58 +1,12 @@
 """django-q2 tasks (thin): the maintenance dispatcher and the run it enqueues, and
 the runs the API and the console queue (``submit_run`` → ``run_queued``, at the end).
 
-``dispatch_due_maintenance`` runs every two minutes (``maintenance.schedules``). For each
-workspace it reads the run history in the database and the policy fresh, and enqueues
-``run_scheduled(workspace_id, kind)``:
-
-- a **full** run when the last *completed* (succeeded or blocked) non-dry full run finished
-  more than ``maintenance_interval_hours`` ago (or there is none), unless a full run started
-  less than 60 minutes ago is still running (in progress; a "running" row older than that
-  belongs to a killed run, which the next run marks failed) or failed (a crash-loop guard: the
-  retry comes one hour later). Blocked counts as completed: the circuit breaker would block
-  again until an operator forces it, so retrying is pointless. A full run due is enqueued
-  alone: it executes the decay passes itself, and a sweep enqueued beside it would only meet
-  its lease (with two workers, one of the two was turned away as ``skipped``).
-- otherwise a **decay** sweep when the last non-dry decay sweep, or full run that the lease
-  did not turn away (it swept too), *started* more than ``decay_interval_seconds`` ago (or
-  there is none). A sweep of any status counts, failed and skipped included: a sweep that
-  crashes, or one that keeps finding the lease held, is retried after one interval instead of
-  every two minutes, so a crash loop cannot hammer the database. No sweep is started while a
-  full run is in progress.
-
-Dry runs never count: an agent previewing maintenance every few minutes must not postpone the
-real thing. Because everything is decided from rows in the database, a restart of the web
-server or the cluster cannot postpone maintenance either.
-
-Idempotency. The broker may deliver the dispatcher twice and the dispatcher may run while an
-earlier run_scheduled task still waits in the queue. The workspace lease already makes a
-duplicate run harmless (it is recorded as ``skipped``), so the dispatcher only has to avoid
-piling duplicates up. Between enqueue and start there is no MaintenanceRun row yet, so the
-dispatcher also looks at the queue itself: with the ORM broker (the default, embedded and
-hosted) every task waiting or in progress is an ``OrmQ`` row until it is acknowledged, so one
-query plus decoding the signed payloads tells which (workspace, kind) pairs are already queued
-(a row older than two hours, e.g. left locked by a killed worker, no longer counts).
-We rely on neither a cache (the default LocMem cache is per process, and q2 workers are
-processes) nor new models. Dispatchers take turns: each reads and enqueues in one transaction
-holding a lock (a PostgreSQL advisory lock; SQLite's single writer), so two of them running at
-once — the schedule of two clusters, a redelivered dispatch — cannot both see a run as not yet
-queued and both enqueue it (the queued task is an ``OrmQ`` row of the same transaction). With
-another broker the queue check is skipped and the lease is the only guard: two dispatchers
-at the same instant may then both enqueue, and the lease turns the second run into a
-``skipped`` row.
-
-Failures. Whatever makes a scheduled run fail, its MaintenanceRun row says so, so the console
-shows every failure: ``run_maintenance`` finishes its own row as ``failed``; should the
-failure hit before that row exists (the database refused the insert) or while it was being
-finished, ``run_scheduled`` writes or finishes it. A worker told to stop (SIGTERM from the
-cluster's stop, or django-q2's for a task past its timeout) abandons the run in hand: its
-transaction rolls back, the lease is released, the row ends ``failed`` ("interrupted: the
-worker was stopped"), and the worker process exits.
-
-The work per dispatch is a constant number of queries whatever the number of workspaces: one
-reading all workspaces with their policy rows and four correlated subqueries over the run
-history (each an indexed ``LIMIT 1``/``EXISTS``), one for the queue, plus one insert per
-enqueued task.
+``dispatch_due_maintenance`` (every two minutes, ``maintenance.schedules``) decides what is
+due from rows in the database only (run history, policy, the ORM broker's queue), so no
+restart can postpone maintenance and dry runs never count. Dispatchers take turns under a
+lock, so a due run is enqueued once; the workspace lease makes any duplicate harmless
+(``skipped``). Every failure of a scheduled run ends in its MaintenanceRun row. The rules,
+the duplicate guard and the cost are in docs/maintenance.md ("The dispatcher, exactly").
 """
 
 from __future__ import annotations
@@ -156,7 +110,8 @@ def run_history(now: datetime) -> dict[str, Any]:
 
 def due_at(history: RunHistory, policy: PolicyValues) -> tuple[datetime | None, datetime | None]:
     """When the next full run and the next decay sweep are due (None: as soon as the
-    dispatcher passes), by the rules of the module docstring; while a full run is in progress
+    dispatcher passes), by the rules of docs/maintenance.md ("The dispatcher,
+    exactly"); while a full run is in progress
     neither is started."""
     full_after = [
         *(
@@ -175,7 +130,7 @@ def due_at(history: RunHistory, policy: PolicyValues) -> tuple[datetime | None, 
 
 
 def due_kinds(*, history: RunHistory, policy: PolicyValues, now: datetime) -> list[str]:
-    """The run kinds due for one workspace (pure: the rules of the module docstring)."""
+    """The run kinds due for one workspace (pure: the rules of docs/maintenance.md)."""
     if history.full_running:
         return []
     full, decay = due_at(history, policy)
@@ -203,7 +158,8 @@ def policy_of(workspace: Workspace) -> PolicyValues:
 
 def queued_runs() -> set[tuple[int, str]]:
     """(workspace id, kind) of every run_scheduled task waiting or in progress in the ORM
-    broker's queue; empty with any other broker (see the module docstring)."""
+    broker's queue; empty with any other broker (docs/maintenance.md, "The dispatcher,
+    exactly")."""
     if not Conf.ORM or Conf.BROKER_CLASS:
         return set()
     forgotten = timezone.now() - QUEUED_FORGOTTEN_AFTER

@@ -1,36 +1,13 @@
 """``Idempotency-Key`` for every ``POST`` of the API: a retry gets the first answer, and
 nothing is written twice.
 
-A client that sends ``Idempotency-Key: <any 1-255 printable ASCII characters>`` with a POST
-(a random UUID per logical request is the usual choice) may send the same request again —
-after a timeout, a dropped connection, a 503 — and:
-
-- if the first one finished, the retry answers its status and body again (with the header
-  ``Idempotent-Replayed: true``) and does nothing else;
-- if the first one is still in hand (a retry racing it), the retry answers 409 with
-  ``Retry-After`` and does nothing;
-- if the key was used within the last 24 h for a different request (another method, path,
-  query, body or caller), 422: a key names one request, never two.
-
-Keys are kept per workspace (the caller's): two workspaces using the same key never see each
-other's answers. What is stored is the answer of a request the endpoint executed: its 2xx,
-and its 4xx refusals too (a retry of a refused request is refused the same way, as with
-Stripe). Not stored, so a retry runs again: a request refused before the endpoint ran (no or
-a wrong key: 401; rate limit: 429; a body or query that does not validate: 400/422) and a
-server error (5xx, a database busy included), after which nothing was written (the endpoint's
-writes are transactional). Other methods ignore the header: GET reads, and PUT/PATCH/DELETE
-set a state, so repeating them is harmless already.
-
-Stored answers live 24 h; expired rows are deleted in bounded batches by the process that
-stores a new key (at most once a minute per process), and an expired key may be used again.
-A claim whose process died in the middle of the request (status still empty) is taken over
-by a retry after ``IDEMPOTENCY_LOCK_SECONDS`` (default 600 s, longer than any request).
-
-The mechanism is one pair of decorators on every router of the API (``install``): the
-operation part runs after authentication and validation, claims the key (one INSERT against
-the unique (workspace, key) index: of two requests at once exactly one wins) or answers from
-the stored row; the view part, around the whole operation, stores the answer the claim
-produced.
+Invariants: a key names one request (the same key for another method, path, query, body or
+caller within 24 h is 422); keys are kept per workspace, so two workspaces never see each
+other's answers; only the answer of a request the endpoint executed is stored (its 2xx and
+its 4xx refusals), never one refused before it ran nor a 5xx, after which nothing was
+written; a retry racing the first gets 409; of two claims at once exactly one wins (the
+unique (workspace, key) index). Other methods ignore the header. The contract clients see is
+in docs/api.md ("Safe retries").
 """
 
 from __future__ import annotations
@@ -176,6 +153,8 @@ def reclaim_expired(
 
 
 def _maybe_reclaim(now: datetime) -> None:
+    """Expired rows (24 h) are deleted in bounded batches by the process that stores a new key,
+    at most once every ``RECLAIM_EVERY`` per process; an expired key may be used again."""
     global _last_reclaim
     if time.monotonic() - _last_reclaim < RECLAIM_EVERY:
         return
@@ -279,6 +258,10 @@ def _store_after_operation(run: Callable[..., HttpResponseBase]) -> Callable[...
 
 
 def install(router: Router) -> None:
-    """Make every POST of ``router`` honour ``Idempotency-Key``."""
+    """Make every POST of ``router`` honour ``Idempotency-Key``: the operation part runs after
+    authentication and validation, claims the key (one INSERT against the unique (workspace,
+    key) index) or answers from the stored row; the view part, around the whole operation,
+    stores the answer the claim produced. A claim whose process died mid-request (status
+    still empty) is taken over by a retry after ``IDEMPOTENCY_LOCK_SECONDS``."""
     router.add_decorator(_store_after_operation, mode="view")
     router.add_decorator(_claim_before_operation, mode="operation")

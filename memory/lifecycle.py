@@ -1,41 +1,16 @@
 """Status changes of entries: the one function that moves entries to a status.
 
-**Purpose.** Every writer that changes the status of existing entries calls ``change_status``
-(``change_entry`` for one loaded entry): the API and the console (archive, tombstone, restore),
-an agent's read of a stale entry, a new version of a stale entry, hygiene's archive, every
-maintenance pass and the approval of its proposals, graduation, reverts, a dispute's loser.
-Inside the caller's transaction, for the ids given (rows the caller has locked, of one
-workspace), it writes:
+Every writer that changes the status of existing entries (API, console, agents' reads, passes
+and approvals, graduation, reverts, a dispute's loser) calls ``change_status`` (``change_entry``
+for one loaded entry) inside its transaction, on rows it has locked. Invariants:
 
-1. one LifecycleEvent per entry, ``from_status`` read from the row before it changes (one
-   ``INSERT … SELECT`` from ``memory_entry``; with per-entry details, runs or reverted events,
-   on PostgreSQL the same joined with arrays of them, on SQLite one prepared INSERT per row);
-2. moving to tombstoned, one Tombstone per entry (reason, previous status read from the row,
-   purge_after); leaving tombstoned, the entry's open Tombstone is closed (``restored_at``);
-3. ONE ``UPDATE`` of the rows: ``status``, ``status_changed_at``, ``archived_at`` and
-   ``updated_at`` by the rules below, plus the caller's columns (graduation's scores and type,
-   the hold a revert or a restore places);
-
-and, once the transaction has committed, announces it (``memory.signals.entries_changed``).
-
-**Invariants.**
-
-- ``archived_at``: moving to archived stamps it, except coming back out of the tombstone (a
-  revert of a reclaim), where the entry keeps the date it was archived; moving to tombstoned
-  keeps it; any other status clears it.
-- ``updated_at`` moves when a person or a key changes the entry (``automatic=False``: a manual
-  archive, tombstone or restore, hygiene's archive, a dispute's loser, an agent's read of a
-  stale entry, a new version), not for an automatic change (every pass, graduation, approved
-  proposals) nor for a revert (``reverts_of``: it puts back what automation changed). The
-  stale pass reads ``updated_at`` as "not updated since".
-- A call writes one statement per table (two for tombstones leaving the tombstone: the rows
-  still tombstoned are looked up first), never one per row on PostgreSQL: a first maintenance
-  run at 1,000,000 entries changes ~800,000 rows, in batches.
-- ``record=False`` (a run's plan, rolled back) writes no events; tombstones and the UPDATE
-  are still written (a purge later in the same plan reads them).
-- Announced once per transaction and workspace (the changes of one transaction add up), or
-  once per ``coalesced()`` block (a run, a revert, an approval: one transaction per batch);
-  never a change that was rolled back.
+- ``archived_at``: moving to archived stamps it (coming out of the tombstone it keeps its
+  date); moving to tombstoned keeps it; any other status clears it.
+- ``updated_at`` moves only when a person or a key changes the entry (``automatic=False``),
+  never for an automatic change nor a revert; the stale pass reads it as "not updated since".
+- One statement per table, never one per row on PostgreSQL; ``record=False`` (a rolled-back
+  plan) writes no events but still the tombstones and the UPDATE.
+- Announced after commit, once per transaction and workspace or per ``coalesced()`` block.
 """
 
 from __future__ import annotations
@@ -95,7 +70,26 @@ def change_status(
     ``details_of``; per entry ``run_of`` and ``reverts_of``, the event a revert undoes), their
     Tombstones (``tombstone``, required exactly when moving to tombstoned), and ``columns``
     set in the same UPDATE (values or expressions). Inside the caller's transaction, the rows
-    locked by it; announced after commit (see the module's docstring)."""
+    locked by it; announced after commit (see the module's docstring).
+
+    It writes, in this order:
+
+    1. one LifecycleEvent per entry, ``from_status`` read from the row before it changes (one
+       ``INSERT … SELECT`` from ``memory_entry``; with per-entry details, runs or reverted
+       events, on PostgreSQL the same joined with arrays of them, on SQLite one prepared
+       INSERT per row);
+    2. moving to tombstoned, one Tombstone per entry (reason, previous status read from the
+       row, purge_after); leaving tombstoned, the entry's open Tombstone is closed
+       (``restored_at``; the rows still tombstoned are looked up first);
+    3. ONE ``UPDATE`` of the rows: ``status``, ``status_changed_at``, ``archived_at`` and
+       ``updated_at`` by the module's rules, plus the caller's columns (graduation's scores
+       and type, the hold a revert or a restore places).
+
+    ``updated_at`` moves for a manual archive, tombstone or restore, hygiene's archive, a
+    dispute's loser, an agent's read of a stale entry and a new version; not for a pass,
+    graduation or approved proposals, nor for a revert (``reverts_of``: it puts back what
+    automation changed). Set-based because a first maintenance run of a large workspace
+    changes most of its rows, in batches."""
     ids = sorted(set(ids))
     if not ids:
         return

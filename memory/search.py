@@ -4,26 +4,11 @@ PostgreSQL and SQLite.
 Results are the latest versions with status active or stale (plus archived when asked for),
 never staged or tombstoned, of one workspace; ranked by text rank (title weighs more than
 content), then importance, then newest id. Snippets are plain text from the content with the
-matched words between ``«`` and ``»``; clients escape them like any other text.
-
-Ranking costs time in proportion to the matches (each needs its table row, ~7 us on PostgreSQL
-under load, bench/reports/api.md), so a broad query is bounded: when a query matches more than
-``broad_threshold(N)`` of the workspace's N visible entries (sqrt(RANK_CAP x N / WALK_RATIO),
-at least BROAD_MIN: 6,800 of 920,000), only its RANK_CAP most important matches are ranked,
-found by walking the workspace's entries in importance order (an index scan, ~2.6 us per entry;
-broad matches are dense) until RANK_CAP of them match. A narrower query ranks every match
-exactly. The threshold balances the two: either way a query costs about as much as ranking
-6,800 matches (bench/reports/api.md measures it). The result says which: ``ranked`` is the
-number of matches that were ranked. Pages (``limit`` up to 500 from ``offset``, as every list)
-are slices of one order: a broad query lists its RANK_CAP ranked matches first, then its
-further matches by importance, unranked (``rank`` None; the walk goes as far as the page
-reaches). PostgreSQL decides from the planner's estimate of the matches (from the tsvector
-statistics), checked once per query by a bounded walk (cached with the estimate, so that every
-page of a query takes the same way), and reports that estimate as ``count`` (``count_exact``
-false); SQLite counts its matches exactly.
-
-(A covering index that would make the walk index-only cannot carry the tsvector: a long
-entry's tsvector exceeds a btree row's 2,704 bytes.)
+matched words between ``«`` and ``»``; clients escape them like any other text. Pages of one
+query are slices of one order, whatever the page size: a broad query (``broad_threshold``)
+ranks only its ``RANK_CAP`` most important matches, then lists the rest by importance,
+unranked, and says so (``ranked``; on PostgreSQL ``count`` is then an estimate). The contract
+is in docs/api.md ("Search"); the costs in bench/reports/api.md.
 """
 
 from __future__ import annotations
@@ -84,7 +69,15 @@ class SearchResult:
 
 
 def broad_threshold(visible: int) -> int:
-    """More matches than this make a query broad (see the module docstring)."""
+    """More matches than this make a query broad: sqrt(RANK_CAP x N / WALK_RATIO) of the
+    workspace's N visible entries, at least BROAD_MIN. Ranking costs time per match (each needs
+    its table row), so a broad query ranks only its RANK_CAP most important matches, found by
+    walking the entries in importance order (an index scan; broad matches are dense) until
+    RANK_CAP of them match; a narrower query ranks every match exactly. The threshold balances
+    the two ways, so either costs about as much as ranking the threshold's matches.
+    PostgreSQL decides from the planner's estimate (from the tsvector statistics), checked once
+    per query by a bounded walk and cached with it, so every page of a query takes the same
+    way; SQLite counts its matches exactly."""
     return max(BROAD_MIN, math.isqrt(RANK_CAP * max(visible, 0) // WALK_RATIO))
 
 
@@ -97,8 +90,8 @@ def search(
     include_archived: bool = False,
 ) -> SearchResult:
     """The best latest entries of ``workspace`` matching ``q``, ``limit`` of them from
-    ``offset`` on, with the total count (an estimate for a broad query on PostgreSQL, see the
-    module docstring). Pages are slices of one order: a broad query's RANK_CAP ranked matches
+    ``offset`` on, with the total count (an estimate for a broad query on PostgreSQL, see
+    ``broad_threshold``). Pages are slices of one order: a broad query's RANK_CAP ranked matches
     first, then its further matches by importance.
 
     One SQL statement for most searches, at most five (the planner's estimate, the visible
@@ -208,6 +201,8 @@ ranked AS (
     + _POSTGRESQL_HEADLINE.format(counted="matches")
 )
 # The workspace's visible entries in importance order, at most %(walk)s of them (NULL: all).
+# No covering index can make this walk index-only: it would have to carry the tsvector, and a
+# long entry's tsvector exceeds a btree row's 2,704 bytes.
 _POSTGRESQL_WALK = """
     SELECT e.id, e.search_vector, e.importance
     FROM memory_entry e

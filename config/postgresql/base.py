@@ -1,29 +1,10 @@
 """Django's PostgreSQL backend, made safe across ``fork`` and reading ``timestamptz`` with
 psycopg's compiled loader.
 
-**Fork.** django-q2 forks its workers, monitor and pusher from a process that has used the
-database; Django's psycopg pool (a class attribute of the backend) and any open connection
-come along. Two processes talking over one PostgreSQL session interleave their protocol
-messages: "the last operation didn't produce records", "prepared statement "_pg3_0" already
-exists" (psycopg numbers its prepared statements per connection, and both processes count
-from the same state), "can't change 'autocommit' now". q2 calls ``connections.close_all()``
-before it forks, but with the pool that hands the connection back to the pool, which the child
-inherits idle. So in every child, right after the fork, the inherited pools and connections
-are forgotten: the child opens its own on first use. They are not closed there: closing
-would send PostgreSQL a Terminate message on a socket the parent still uses. They are kept
-referenced for the life of the child, so that no finaliser ever runs on them (multiprocessing's
-children leave through ``os._exit``).
-
-**Timestamps.**
-
-Django registers its own loader for ``timestamptz`` (``psycopg_any.BaseTzLoader``): psycopg's
-pure-Python loader plus a ``replace(tzinfo=...)``, ~6 us per value on the benchmark machine,
-against ~0.5 us for psycopg's compiled loader (psycopg[binary]). A page of 20 entries holds
-~100 timestamps: ~0.5 ms of CPU per list request (bench/reports/api.md). The compiled loader
-gives the same value whenever the session's time zone is UTC, which Django sets on every
-connection when ``USE_TZ`` is on and the connection's zone is UTC; any other zone, or
-psycopg's pure-Python implementation, leaves Django's loader in place.
-``tests/test_db_backend.py`` proves both loaders read the same values.
+Invariants: a forked child never uses, closes nor finalises a pool or connection it inherited
+(it opens its own on first use); the compiled loader is used only where it reads the same
+values as Django's (a UTC session and a compiled psycopg; ``tests/test_db_backend.py`` proves
+it), else Django's loader stays. Why the loader: bench/reports/api.md.
 """
 
 from __future__ import annotations
@@ -67,6 +48,12 @@ class UTCTimestamptzLoader:
 
 class DatabaseWrapper(base.DatabaseWrapper):
     def get_connection_params(self) -> dict[str, Any]:
+        """Django registers its own ``timestamptz`` loader (``psycopg_any.BaseTzLoader``:
+        psycopg's pure-Python loader plus a ``replace(tzinfo=...)``), several times slower than
+        psycopg's compiled one, and a list page holds about five timestamps per entry. The
+        compiled loader gives the same value whenever the session's zone is UTC, which Django
+        sets on every connection when ``USE_TZ`` is on and the connection's zone is UTC; any
+        other zone, or psycopg's pure-Python implementation, leaves Django's loader in place."""
         params = super().get_connection_params()
         if _CompiledLoader is not None and self.timezone is datetime.UTC and "context" in params:
             context = adapt.AdaptersMap(params["context"])
@@ -75,11 +62,23 @@ class DatabaseWrapper(base.DatabaseWrapper):
         return params
 
 
-# What a forked child inherited from its parent and must never use nor finalise (see above).
+# What a forked child inherited from its parent and must never use nor finalise (see below).
 _INHERITED: list[Any] = []
 
 
 def _forget_inherited_connections() -> None:
+    """Run in every child right after ``fork``. django-q2 forks its workers, monitor and pusher
+    from a process that has used the database; Django's psycopg pool (a class attribute of the
+    backend) and any open connection come along, and two processes on one PostgreSQL session
+    interleave their protocol messages ("the last operation didn't produce records", "prepared
+    statement "_pg3_0" already exists" — psycopg numbers its prepared statements per
+    connection, and both count from the same state —, "can't change 'autocommit' now"). q2
+    calls ``connections.close_all()`` before it forks, but with the pool that hands the
+    connection back to the pool, which the child inherits idle. So the child forgets them and
+    opens its own on first use. They are not closed: closing would send PostgreSQL a Terminate
+    message on a socket the parent still uses. They stay referenced in ``_INHERITED`` for the
+    child's life, so no finaliser ever runs on them (multiprocessing's children leave through
+    ``os._exit``)."""
     from django.db import connections
 
     pools: dict[str, Any] = base.DatabaseWrapper._connection_pools  # type: ignore[attr-defined]

@@ -2,22 +2,11 @@
 STOP_SECONDS with no process left behind. It replaces django-q2's own command of the
 same name (``maintenance`` comes before ``django_q`` in INSTALLED_APPS for that).
 
-django-q2's command stops from inside the signal handler: it sets the sentinel's stop event
-and joins the sentinel with no deadline, while the workers finish the task in hand (a
-maintenance run may take minutes). And when a process-group SIGTERM (a service manager's or a
-container's stop, ``make run`` stopped) has killed the sentinel in the middle of
-``stop_event.wait()``, ``stop_event.set()`` waits forever for a sleeper that is gone: the
-command then ignores every further signal and outlives its parent until SIGKILL. Here:
-
-- the sentinel and everything it forks ignore SIGTERM (django-q2 already makes them ignore
-  SIGINT): only this process decides how the cluster stops;
-- the first SIGTERM or SIGINT sets the stop event, from a thread of its own, so that even a
-  ``set()`` that hangs cannot stop the rest; workers finish the task in hand if they can within
-  GRACE_SECONDS;
-- then every process of the cluster gets SIGTERM: a worker in a maintenance run abandons it
-  (``maintenance.tasks``: its transaction rolled back, the lease released, the row ``failed``);
-  the others ignore it;
-- at STOP_SECONDS whatever is left is killed, and the log names it.
+Invariants: only this process decides how the cluster stops (the sentinel and everything it
+forks ignore SIGTERM and SIGINT); workers get GRACE_SECONDS to finish the task in hand, then
+SIGTERM (a maintenance run is abandoned and its row marked ``failed``); at STOP_SECONDS
+whatever is left is killed and logged. Why django-q2's command is not enough: docs/maintenance.md
+("Stopping a worker").
 """
 
 from __future__ import annotations
@@ -74,6 +63,10 @@ class _Cluster(Cluster):
         return self.pid
 
     def stop_within_deadline(self) -> None:
+        """Set the stop event from a thread of its own (a ``set()`` that hangs cannot stop the
+        rest), let the workers finish within GRACE_SECONDS, then SIGTERM every process of the
+        cluster (a worker in a maintenance run abandons it, ``maintenance.tasks``; the others
+        ignore it) and kill what is left at STOP_SECONDS."""
         began = time.monotonic()
         if self.sentinel is not None and self.sentinel.is_alive():
             log.info("Q Cluster %s stopping.", self.name)
