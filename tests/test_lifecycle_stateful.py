@@ -49,7 +49,7 @@ from hypothesis.stateful import (
 )
 
 from maintenance import proposals
-from maintenance.backups import read_backup
+from maintenance.backup_files import read_backup
 from maintenance.models import Backup, MaintenanceRun, Proposal
 from maintenance.revert import revert_entry, revert_run, revert_selection
 from maintenance.runs import AFFECTED_KEPT, ARCHIVING, TOMBSTONING, run_maintenance
