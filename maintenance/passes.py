@@ -410,10 +410,10 @@ def archive_aged(ctx: RunContext) -> PassResult:
 
 def archive_low_quality(ctx: RunContext) -> PassResult:
     """6. Entries hygiene recommends archiving, never accessed, older than
-    low_quality_min_age_days → archived (maintenance/hygiene.py)."""
-    from maintenance import hygiene
+    low_quality_min_age_days → archived (maintenance/hygiene_actions.py)."""
+    from maintenance import hygiene_actions
 
-    return hygiene.archive_low_quality(ctx)
+    return hygiene_actions.archive_low_quality(ctx)
 
 
 def compact(ctx: RunContext) -> PassResult:

@@ -341,9 +341,9 @@ def _why_not(
 
 def _apply(ctx: RunContext, key: str, ids: list[int]) -> PassResult:
     if key == "low_quality_archived":
-        from maintenance import hygiene
+        from maintenance import hygiene_actions
 
-        return hygiene.archive_low_quality(ctx, only=ids)
+        return hygiene_actions.archive_low_quality(ctx, only=ids)
     if key == "consolidated":
         from maintenance import compaction
 

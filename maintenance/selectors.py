@@ -10,7 +10,7 @@ from typing import Any, overload
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Substr
 
-from maintenance import hygiene
+from maintenance import hygiene_text
 from maintenance.models import Backup, Dispute, DisputeStatus, MaintenanceRun, RunDaySummary, RunKind
 from memory.errors import NotFound
 from memory.models import (
@@ -246,7 +246,7 @@ def workspace_stats(workspace: Workspace) -> dict[str, Any]:
 EXCERPT_CHARS = 240  # of an entry's text, in the tables of candidates and changes
 
 
-def hygiene_rows(candidates: Sequence[hygiene.Candidate]) -> list[dict[str, Any]]:
+def hygiene_rows(candidates: Sequence[hygiene_text.Candidate]) -> list[dict[str, Any]]:
     """One page of candidates with what the table shows (one query)."""
     rows = {
         r["pk"]: r
