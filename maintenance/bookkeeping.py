@@ -48,7 +48,7 @@ from maintenance.models import (
     RunDaySummary,
     RunStatus,
 )
-from maintenance.passes import PassResult, RunContext
+from maintenance.pass_tools import PassResult, RunContext
 from memory.models import LifecycleEvent, Relationship, Tombstone
 
 NOOP_KEEP_DAYS = 7

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from maintenance.hygiene import candidates, eligible_entries, not_kept, read_policy, scan
 from maintenance.hygiene_text import Candidate
-from maintenance.passes import PassResult, RunContext, latest, transition, unprotected
+from maintenance.pass_tools import PassResult, RunContext, latest, transition, unprotected
 from maintenance.plan_status import status_in
 from memory import holds, lifecycle
 from memory.models import (

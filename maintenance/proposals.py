@@ -26,9 +26,9 @@ from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
-from maintenance import backups, lease, passes
+from maintenance import backups, compaction, hygiene_actions, lease, passes
 from maintenance.models import MaintenanceRun, Proposal, ProposalAction, ProposalStatus, RunKind
-from maintenance.passes import PassResult, RunContext
+from maintenance.pass_tools import PassResult, RunContext
 from memory import holds, lifecycle
 from memory.errors import Conflict, InvalidInput
 from memory.models import (
@@ -341,12 +341,8 @@ def _why_not(
 
 def _apply(ctx: RunContext, key: str, ids: list[int]) -> PassResult:
     if key == "low_quality_archived":
-        from maintenance import hygiene_actions
-
         return hygiene_actions.archive_low_quality(ctx, only=ids)
     if key == "consolidated":
-        from maintenance import compaction
-
         return compaction.compact(ctx, only=ids)
     return passes.apply_change(ctx, key, ids)
 

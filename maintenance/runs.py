@@ -47,7 +47,7 @@ from django.utils import timezone
 
 from maintenance import backups, bookkeeping, hygiene, lease, passes, plan_snapshot, plan_status, proposals
 from maintenance.models import MaintenanceRun, RunKind, RunStatus
-from maintenance.passes import LeaseLost, PassResult, RunContext
+from maintenance.pass_tools import BATCH_SIZE, LeaseLost, PassResult, RunContext
 from maintenance.signals import announce_run
 from memory import lifecycle, scoring_db
 from memory.models import LISTED_STATUSES, Entry, Workspace
@@ -600,7 +600,7 @@ def run_maintenance(
     actor: str = "system",
     params: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
-    batch_size: int = passes.BATCH_SIZE,
+    batch_size: int = BATCH_SIZE,
 ) -> dict[str, Any]:
     """Run maintenance of one kind (full, prune, decay, hygiene, contradictions, consolidate)
     on one workspace, here and now; returns the run's result object (counts and every affected id),
@@ -673,7 +673,7 @@ def record_refused(
     return run
 
 
-def start_queued(run: MaintenanceRun, *, batch_size: int = passes.BATCH_SIZE) -> dict[str, Any]:
+def start_queued(run: MaintenanceRun, *, batch_size: int = BATCH_SIZE) -> dict[str, Any]:
     """Execute a queued run that its worker has just claimed (status running): the policy is
     read now, and the caller's parameters come from the row."""
     requested = run.params.get("requested") if isinstance(run.params, dict) else None

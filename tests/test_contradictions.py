@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from maintenance import contradictions
 from maintenance.contradictions import conflict, jaccard, polarity, signature
 from maintenance.models import Dispute, MaintenanceRun
-from maintenance.passes import RunContext
+from maintenance.pass_tools import RunContext
 from maintenance.runs import effective_policy, run_maintenance
 from memory import services
 from memory.errors import Conflict, InvalidInput, NotFound

@@ -31,7 +31,7 @@ from maintenance.hygiene_text import (
     truncated_or_unbalanced,
 )
 from maintenance.models import HygieneAssessment, MaintenanceRun
-from maintenance.passes import RunContext
+from maintenance.pass_tools import RunContext
 from maintenance.revert import revert_run
 from maintenance.runs import run_maintenance
 from memory import services

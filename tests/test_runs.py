@@ -746,7 +746,7 @@ def test_a_candidate_that_stops_qualifying_before_its_batch_is_left_alone(worksp
     """The pass reads its candidates' ids first and locks each batch's ids through the whole
     predicate again: an entry an operator pins while earlier batches are applied keeps its
     status (here: pinned between the first batch and the second)."""
-    from maintenance import passes
+    from maintenance import pass_tools, passes
     from memory.policy import PolicyValues
 
     first, second = (make(workspace, now, age_days=200) for _ in range(2))
@@ -759,7 +759,7 @@ def test_a_candidate_that_stops_qualifying_before_its_batch_is_left_alone(worksp
         return True
 
     run_row = MaintenanceRun.objects.create(workspace=workspace, kind="decay", trigger="cli", started_at=now)
-    ctx = passes.RunContext(
+    ctx = pass_tools.RunContext(
         workspace=workspace, now=now, policy=PolicyValues(), run=run_row, batch_size=1, renew=renew
     )
     passes.score(ctx)
