@@ -58,13 +58,8 @@ from api.maintenance_schemas import (
 from maintenance import lease
 from maintenance.models import RunKind, RunStatus, RunTrigger
 from maintenance.revert import revert_run
-from maintenance.runs import (
-    PRUNE_PARAMS,
-    decay_result,
-    prune_result,
-    run_maintenance,
-    runs_inline,
-)
+from maintenance.run_results import PRUNE_PARAMS, decay_result, prune_result
+from maintenance.run_start import run_maintenance, runs_inline
 from maintenance.selectors import (
     backup_list,
     folded_runs,

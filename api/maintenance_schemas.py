@@ -18,6 +18,7 @@ from pydantic import AfterValidator, ConfigDict, StrictBool, model_validator
 from api.schemas import ErrorOut, no_nul  # one error shape, one schema name in the OpenAPI document
 from maintenance.models import ProposalAction, RunKind, RunStatus, RunTrigger
 from maintenance.proposals import ACTIONS
+from maintenance.run_results import bounded_affected
 from memory.models import ID_MAX, TombstoneReason
 from memory.policy import LIMITS, PROPOSE, REVIEW_MODES
 
@@ -303,8 +304,6 @@ class RunDetailOut(RunOut):
 
     @staticmethod
     def resolve_affected(obj: Any) -> dict[str, Any]:
-        from maintenance.runs import bounded_affected
-
         return bounded_affected(obj.affected if isinstance(obj.affected, dict) else {})
 
     @staticmethod

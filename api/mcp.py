@@ -63,7 +63,7 @@ from api.schemas import (
     RelationshipOut,
     Text,
 )
-from maintenance.runs import PRUNE_PARAMS
+from maintenance.run_results import PRUNE_PARAMS
 from memory import selectors
 from memory.auth import Principal, key_principal
 from memory.errors import Forbidden, NotFound, ServiceError

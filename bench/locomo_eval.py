@@ -352,7 +352,7 @@ def feed_session(store: Store, conv: Conversation, session: Session) -> None:
 
 
 def maintain(store: Store, at: datetime) -> None:
-    from maintenance.runs import run_maintenance
+    from maintenance.run_start import run_maintenance
 
     for kind in ("full", "decay"):
         started = time.perf_counter()

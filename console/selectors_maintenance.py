@@ -44,7 +44,7 @@ from django.utils import timezone
 from console.selectors import entry_label
 from maintenance import hygiene, hygiene_text, proposals
 from maintenance.models import Dispute, DisputeStatus, MaintenanceRun, Proposal, ProposalStatus, RunStatus
-from maintenance.runs import COUNT_KEYS, METRICS, PROPOSING, ROWS_KEY
+from maintenance.run_results import COUNT_KEYS, METRICS, PROPOSING, ROWS_KEY
 from maintenance.selectors import (
     EVENT_STATUS_OF,
     EXCERPT_CHARS,

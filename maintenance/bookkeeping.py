@@ -49,6 +49,7 @@ from maintenance.models import (
     RunStatus,
 )
 from maintenance.pass_tools import PassResult, RunContext
+from maintenance.run_results import COUNT_KEYS, METRICS
 from memory.models import LifecycleEvent, Relationship, Tombstone
 
 NOOP_KEEP_DAYS = 7
@@ -123,8 +124,6 @@ def unreferenced(runs: QuerySet[MaintenanceRun]) -> QuerySet[MaintenanceRun]:
 
 def changed_nothing(counts: Any) -> bool:
     """A real run's counts say it changed nothing (metrics aside); a skipped run has none."""
-    from maintenance.runs import COUNT_KEYS, METRICS
-
     if not isinstance(counts, dict):
         return True
     for key in COUNT_KEYS:

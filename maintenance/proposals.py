@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Count, QuerySet
@@ -29,6 +29,7 @@ from django.utils import timezone
 from maintenance import backups, compaction, hygiene_actions, lease, passes
 from maintenance.models import MaintenanceRun, Proposal, ProposalAction, ProposalStatus, RunKind
 from maintenance.pass_tools import PassResult, RunContext
+from maintenance.run_results import PRUNE_PARAMS, Outcome, effective_policy, live_count, tombstones_trip
 from memory import holds, lifecycle
 from memory.errors import Conflict, InvalidInput
 from memory.models import (
@@ -46,9 +47,6 @@ from memory.models import (
 from memory.policy import PolicyValues
 from memory.scoring_db import refresh_scores
 from memory.services import neighbour_ids
-
-if TYPE_CHECKING:
-    from maintenance.runs import Outcome
 
 # The proposing passes (count keys) in run order, each with its action.
 ACTIONS: dict[str, str] = {
@@ -351,8 +349,6 @@ def _run_policy(workspace: Workspace, run: MaintenanceRun, current: PolicyValues
     """The rule a proposal is re-checked with: today's policy, except that a prune run's own
     parameters (the caller's thresholds and excluded tags) still decide its
     proposals — excluded tags only ever add."""
-    from maintenance.runs import PRUNE_PARAMS, effective_policy
-
     if run.kind != RunKind.PRUNE:
         return current
     return effective_policy(workspace, {k: run.params.get(k) for k in PRUNE_PARAMS})
@@ -395,8 +391,6 @@ def _approve(
     now: datetime,
     holder: str,
 ) -> dict[str, Any]:
-    from maintenance.runs import effective_policy, live_count, tombstones_trip
-
     try:
         # Read after taking the lease: a run that just ended may have superseded some.
         chosen, skipped = _selected(workspace, ids=ids, all=all, reason=reason)

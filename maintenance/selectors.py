@@ -12,6 +12,7 @@ from django.db.models.functions import Substr
 
 from maintenance import hygiene_text
 from maintenance.models import Backup, Dispute, DisputeStatus, MaintenanceRun, RunDaySummary, RunKind
+from maintenance.run_results import AFFECTED_LISTS, affected_lists
 from memory.errors import NotFound
 from memory.models import (
     AnchorStatus,
@@ -81,8 +82,6 @@ EVENT_STATUS_OF = {"archived": Status.ARCHIVED, "tombstoned": Status.TOMBSTONED,
 def affected_totals(run: MaintenanceRun) -> dict[str, int]:
     """How many entries each action of the run has (the run's ``affected_total``, or, on a row
     recorded before runs kept it, the length of its lists)."""
-    from maintenance.runs import AFFECTED_LISTS, affected_lists
-
     totals = run.affected_total
     if isinstance(totals, dict) and totals:
         return {k: int(totals.get(k) or 0) for k in AFFECTED_LISTS}
@@ -107,8 +106,6 @@ class AffectedIds(Sequence[int]):
     the first ``AFFECTED_KEPT`` of each (``complete`` False when there were more)."""
 
     def __init__(self, run: MaintenanceRun, action: str, total: int | None = None) -> None:
-        from maintenance.runs import affected_lists
-
         self.run = run
         self.action = action
         self.from_events = changed_entries(run) and action in EVENT_STATUS_OF

@@ -14,7 +14,7 @@ from django.utils import timezone
 from api.maintenance_schemas import CountsOut, PolicyIn, PolicyOut
 from maintenance.lease import acquire, new_holder
 from maintenance.models import Backup, MaintenanceRun
-from maintenance.runs import COUNT_KEYS, rows_done
+from maintenance.run_results import COUNT_KEYS, rows_done
 from memory import services
 from memory.models import ApiKey, Entry, Tombstone
 from memory.policy import LIMITS

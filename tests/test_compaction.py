@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from maintenance.compaction import digest
 from maintenance.models import MaintenanceRun
 from maintenance.revert import revert_run
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory import services
 from memory.models import CONTENT_MAX, Entry, LifecycleEvent, Relationship
 from memory.policy_model import MaintenancePolicy

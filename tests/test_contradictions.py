@@ -13,7 +13,8 @@ from maintenance import contradictions
 from maintenance.contradictions import conflict, jaccard, polarity, signature
 from maintenance.models import Dispute, MaintenanceRun
 from maintenance.pass_tools import RunContext
-from maintenance.runs import effective_policy, run_maintenance
+from maintenance.run_results import effective_policy
+from maintenance.run_start import run_maintenance
 from memory import services
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import Entry, LifecycleEvent, Relationship, Status

@@ -33,7 +33,7 @@ from maintenance.hygiene_text import (
 from maintenance.models import HygieneAssessment, MaintenanceRun
 from maintenance.pass_tools import RunContext
 from maintenance.revert import revert_run
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory import services
 from memory.models import Entry, LifecycleEvent
 from memory.policy import clean_residue_patterns

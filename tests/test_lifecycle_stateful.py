@@ -52,7 +52,8 @@ from maintenance import proposals
 from maintenance.backup_files import read_backup
 from maintenance.models import Backup, MaintenanceRun, Proposal
 from maintenance.revert import revert_entry, revert_run, revert_selection
-from maintenance.runs import AFFECTED_KEPT, ARCHIVING, TOMBSTONING, run_maintenance
+from maintenance.run_results import AFFECTED_KEPT, ARCHIVING, TOMBSTONING
+from maintenance.run_start import run_maintenance
 from memory import journal, services
 from memory.errors import NotFound, ServiceError
 from memory.models import (

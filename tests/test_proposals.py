@@ -15,7 +15,7 @@ from django.core.management import call_command
 
 from maintenance import hygiene_actions, proposals, revert
 from maintenance.models import Backup, MaintenanceRun, Proposal
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from maintenance.tasks import run_scheduled
 from memory import journal, services
 from memory.errors import Conflict, InvalidInput

@@ -9,7 +9,8 @@ from django.core.management import call_command
 
 from maintenance.lease import acquire, new_holder
 from maintenance.models import MaintenanceRun
-from maintenance.runs import COUNT_KEYS, decay_result, prune_result, run_maintenance
+from maintenance.run_results import COUNT_KEYS, decay_result, prune_result
+from maintenance.run_start import run_maintenance
 from memory import journal, services
 from memory.models import Entry, LifecycleEvent, Relationship, Tombstone
 from memory.policy_model import MaintenancePolicy
