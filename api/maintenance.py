@@ -37,8 +37,6 @@ from api.maintenance_schemas import (
     FullRunIn,
     IdPath,
     PageIn,
-    PolicyIn,
-    PolicyOut,
     PruneIn,
     PruneOut,
     RevertOut,
@@ -51,10 +49,10 @@ from api.maintenance_schemas import (
     RunPageOut,
     RunQueuedOut,
     RunResultOut,
-    StatsOut,
     TombstoneListIn,
     TombstonePageOut,
 )
+from api.policy_schemas import PolicyIn, PolicyOut, StatsOut
 from maintenance import lease
 from maintenance.models import RunKind, RunStatus, RunTrigger
 from maintenance.revert import revert_run

@@ -43,7 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from api import entries as api
 from api import maintenance as maintenance_api
 from api import search as api_search
-from api.maintenance_schemas import BreakerOut, CountsOut, ProposedCountsOut, PruneIn, RunIn, StatsOut
+from api.maintenance_schemas import BreakerOut, CountsOut, ProposedCountsOut, PruneIn, RunIn
+from api.policy_schemas import StatsOut
 from api.schemas import (
     NOT_BLANK,
     AccessIn,

@@ -13,16 +13,14 @@ from django.http import HttpRequest
 from ninja import Query, Router
 from ninja.params import Path
 
-from api.maintenance_schemas import (
-    ERRORS,
+from api.maintenance_schemas import ERRORS, IdPath, PageIn
+from api.review_schemas import (
     DisputeListIn,
     DisputePageOut,
     HygieneApplyOut,
     HygieneKeepOut,
     HygienePageOut,
-    IdPath,
     IdsIn,
-    PageIn,
     ResolveIn,
     ResolveOut,
 )

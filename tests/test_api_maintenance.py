@@ -11,7 +11,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from api.maintenance_schemas import CountsOut, PolicyIn, PolicyOut
+from api.maintenance_schemas import CountsOut
+from api.policy_schemas import PolicyIn, PolicyOut
 from maintenance.lease import acquire, new_holder
 from maintenance.models import Backup, MaintenanceRun
 from maintenance.run_results import COUNT_KEYS, rows_done
