@@ -26,8 +26,6 @@ from api.maintenance_schemas import (
     FullRunIn,
     IdPath,
     PageIn,
-    PolicyIn,
-    PolicyOut,
     PruneIn,
     PruneOut,
     RevertOut,
@@ -40,20 +38,15 @@ from api.maintenance_schemas import (
     RunPageOut,
     RunQueuedOut,
     RunResultOut,
-    StatsOut,
     TombstoneListIn,
     TombstonePageOut,
 )
+from api.policy_schemas import PolicyIn, PolicyOut, StatsOut
 from maintenance import lease
 from maintenance.models import RunKind, RunStatus, RunTrigger
 from maintenance.revert import revert_run
-from maintenance.runs import (
-    PRUNE_PARAMS,
-    decay_result,
-    prune_result,
-    run_maintenance,
-    runs_inline,
-)
+from maintenance.run_results import PRUNE_PARAMS, decay_result, prune_result
+from maintenance.run_start import run_maintenance, runs_inline
 from maintenance.selectors import (
     backup_list,
     folded_runs,

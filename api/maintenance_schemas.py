@@ -1,4 +1,5 @@
-"""In and Out schemas of the maintenance API, one per direction.
+"""In and Out schemas of the maintenance API's runs, run history, tombstones and backups, and
+the base every maintenance schema builds on (``StrictIn``, ``PageIn``, ``ERRORS``).
 
 In schemas forbid unknown keys and are strict (a JSON ``"true"`` is not a boolean and ``"5"`` is
 not a number): a maintenance request that does something other than what was typed can remove
@@ -13,20 +14,19 @@ from typing import Annotated, Any, Literal
 
 from django.utils import timezone
 from ninja import Field, Schema
-from pydantic import AfterValidator, ConfigDict, StrictBool, model_validator
+from pydantic import AfterValidator, ConfigDict, StrictBool
 
 from api.schemas import ErrorOut, no_nul  # one error shape, one schema name in the OpenAPI document
-from maintenance.models import ProposalAction, RunKind, RunStatus, RunTrigger
-from maintenance.proposals import ACTIONS
+from maintenance.models import RunKind, RunStatus, RunTrigger
+from maintenance.run_results import bounded_affected
+from maintenance.selectors import affected_totals
 from memory.models.choices import ID_MAX, TombstoneReason
-from memory.policy import LIMITS, PROPOSE, REVIEW_MODES
+from memory.policy import LIMITS
 
 OFFSET_MAX = 1_000_000_000
 TAG_NAME_MAX = 100
 EXCLUDE_TAGS_MAX = 200
 TagName = Annotated[str, Field(max_length=TAG_NAME_MAX), AfterValidator(no_nul)]  # PostgreSQL stores no NUL
-RESIDUE_PATTERNS_MAX = 50
-RESIDUE_PATTERN_MAX = 200
 
 
 # Every refusal the API maps into one shape (config/api.py); declared so that clients and the
@@ -303,14 +303,10 @@ class RunDetailOut(RunOut):
 
     @staticmethod
     def resolve_affected(obj: Any) -> dict[str, Any]:
-        from maintenance.runs import bounded_affected
-
         return bounded_affected(obj.affected if isinstance(obj.affected, dict) else {})
 
     @staticmethod
     def resolve_affected_total(obj: Any) -> dict[str, int]:
-        from maintenance.selectors import affected_totals
-
         return affected_totals(obj)
 
     result: dict[str, Any] = Field(
@@ -428,347 +424,3 @@ class BackupPageOut(Schema):
     limit: int
     offset: int
     items: list[BackupOut]
-
-
-# --- policy --------------------------------------------------------------------------------------
-
-
-def _range(name: str) -> str:
-    limit = LIMITS[name]
-    return f"default {limit.default:g}, range {limit.low:g}..{limit.high:g}"
-
-
-def _setting_in(name: str) -> Any:
-    return Field(None, allow_inf_nan=False, description=_range(name) + "; clamped into the range")
-
-
-def _setting_out(name: str) -> Any:
-    return Field(description=_range(name))
-
-
-ReviewMode = Literal["propose", "apply"]
-assert set(REVIEW_MODES) == set(ReviewMode.__args__)  # type: ignore[attr-defined]
-REVIEW_MODE_HELP = (
-    f"default {PROPOSE}; propose: archives and tombstones wait for an operator's approval (GET "
-    "/proposals); apply: automation applies them at once"
-)
-
-
-class PolicyIn(StrictIn):
-    """Every policy setting, each optional: omitted or null leaves it as it is.
-    Out-of-range values are clamped into the setting's range."""
-
-    importance_threshold: float | None = _setting_in("importance_threshold")
-    archive_older_than_days: int | None = _setting_in("archive_older_than_days")
-    prune_older_than_days: int | None = _setting_in("prune_older_than_days")
-    hard_delete_older_than_days: int | None = _setting_in("hard_delete_older_than_days")
-    decay_lambda: float | None = _setting_in("decay_lambda")
-    decay_sigma: float | None = _setting_in("decay_sigma")
-    decay_mu: float | None = _setting_in("decay_mu")
-    salience_default: float | None = _setting_in("salience_default")
-    cold_threshold: float | None = _setting_in("cold_threshold")
-    breadth_weight: float | None = _setting_in("breadth_weight")
-    tombstone_grace_days: int | None = _setting_in("tombstone_grace_days")
-    decay_interval_seconds: int | None = _setting_in("decay_interval_seconds")
-    maintenance_interval_hours: int | None = _setting_in("maintenance_interval_hours")
-    stale_after_days: int | None = _setting_in("stale_after_days")
-    archive_after_days: int | None = _setting_in("archive_after_days")
-    reclaim_archived_after_days: int | None = _setting_in("reclaim_archived_after_days")
-    low_quality_min_age_days: int | None = _setting_in("low_quality_min_age_days")
-    contradiction_batch: int | None = _setting_in("contradiction_batch")
-    contradiction_max_flags: int | None = _setting_in("contradiction_max_flags")
-    consolidation_min_group: int | None = _setting_in("consolidation_min_group")
-    consolidation_min_age_days: int | None = _setting_in("consolidation_min_age_days")
-    max_tombstone_fraction: float | None = _setting_in("max_tombstone_fraction")
-    backups_keep: int | None = _setting_in("backups_keep")
-    operator_hold_days: int | None = _setting_in("operator_hold_days")
-    audit_retention_days: int | None = _setting_in("audit_retention_days")
-    review_mode: ReviewMode | None = Field(None, description=REVIEW_MODE_HELP)
-    exclude_tags: list[TagName] | None = Field(
-        None, max_length=EXCLUDE_TAGS_MAX, description="Tags no pass may touch"
-    )
-    residue_patterns: list[Annotated[str, Field(max_length=RESIDUE_PATTERN_MAX)]] | None = Field(
-        None,
-        max_length=RESIDUE_PATTERNS_MAX,
-        description="Hygiene implementation_residue patterns: case-insensitive regular expressions, "
-        "or `<source-path>` for the built-in bare source path detector; [] restores the defaults",
-    )
-
-
-class PolicyOut(Schema):
-    """The effective (clamped) policy of the workspace; the next run reads it."""
-
-    importance_threshold: float = _setting_out("importance_threshold")
-    archive_older_than_days: int = _setting_out("archive_older_than_days")
-    prune_older_than_days: int = _setting_out("prune_older_than_days")
-    hard_delete_older_than_days: int = _setting_out("hard_delete_older_than_days")
-    decay_lambda: float = _setting_out("decay_lambda")
-    decay_sigma: float = _setting_out("decay_sigma")
-    decay_mu: float = _setting_out("decay_mu")
-    salience_default: float = _setting_out("salience_default")
-    cold_threshold: float = _setting_out("cold_threshold")
-    breadth_weight: float = _setting_out("breadth_weight")
-    tombstone_grace_days: int = _setting_out("tombstone_grace_days")
-    decay_interval_seconds: int = _setting_out("decay_interval_seconds")
-    maintenance_interval_hours: int = _setting_out("maintenance_interval_hours")
-    stale_after_days: int = _setting_out("stale_after_days")
-    archive_after_days: int = _setting_out("archive_after_days")
-    reclaim_archived_after_days: int = _setting_out("reclaim_archived_after_days")
-    low_quality_min_age_days: int = _setting_out("low_quality_min_age_days")
-    contradiction_batch: int = _setting_out("contradiction_batch")
-    contradiction_max_flags: int = _setting_out("contradiction_max_flags")
-    consolidation_min_group: int = _setting_out("consolidation_min_group")
-    consolidation_min_age_days: int = _setting_out("consolidation_min_age_days")
-    max_tombstone_fraction: float = _setting_out("max_tombstone_fraction")
-    backups_keep: int = _setting_out("backups_keep")
-    operator_hold_days: int = _setting_out("operator_hold_days")
-    audit_retention_days: int = _setting_out("audit_retention_days")
-    review_mode: ReviewMode = Field(description=REVIEW_MODE_HELP)
-    exclude_tags: list[str]
-    residue_patterns: list[str] = Field(description="Stored hygiene residue patterns; [] = the built-in ones")
-    updated_at: datetime | None
-
-
-# --- stats ---------------------------------------------------------------------------------------
-
-
-class EntryCountsOut(Schema):
-    staged: int
-    active: int
-    stale: int
-    archived: int
-    tombstoned: int
-    total: int
-
-
-class LinkCountsOut(Schema):
-    active: int
-    pruned: int
-
-
-class AnchorCountsOut(Schema):
-    valid: int
-    stale: int
-    invalidated: int
-
-
-class LastRunOut(Schema):
-    id: int
-    status: RunStatus
-    dry_run: bool
-    trigger: RunTrigger
-    started_at: datetime
-    finished_at: datetime | None
-
-
-class LastRunsOut(Schema):
-    full: LastRunOut | None
-    prune: LastRunOut | None
-    decay: LastRunOut | None
-    hygiene: LastRunOut | None
-    contradictions: LastRunOut | None
-    consolidate: LastRunOut | None
-
-
-class StatsOut(Schema):
-    workspace: str
-    entries: EntryCountsOut = Field(description="Latest versions by status")
-    tags: int
-    links: LinkCountsOut
-    anchors: AnchorCountsOut
-    open_tombstones: int
-    open_disputes: int
-    last_runs: LastRunsOut = Field(description="The last started run of each kind")
-    policy: PolicyOut
-
-
-# --- hygiene and disputes ----------------------------------------------------
-
-IDS_MAX = 500
-
-
-class HygieneReasonOut(Schema):
-    code: str
-    points: int
-    detail: str
-
-
-class HygieneCandidateOut(Schema):
-    id: int
-    title: str
-    content_excerpt: str
-    entry_type: str
-    source: str
-    created_at: datetime
-    access_count: int
-    score: int
-    reasons: list[HygieneReasonOut]
-    recommendation: Literal["archive", "review"]
-
-
-class HygienePageOut(Schema):
-    count: int
-    limit: int
-    offset: int
-    candidates: list[HygieneCandidateOut]
-
-
-class IdsIn(StrictIn):
-    ids: list[Annotated[int, Field(ge=1, le=ID_MAX)]] = Field(min_length=1, max_length=IDS_MAX)
-
-
-class HygieneApplyOut(Schema):
-    archived: list[int] = Field(description="Archived: they were candidates of a fresh preview")
-    skipped: list[int] = Field(description="Not candidates (any more), or not found: left alone")
-
-
-class HygieneKeepOut(Schema):
-    kept: list[int] = Field(description="Hidden from the queue until their content changes")
-    skipped: list[int]
-
-
-class DisputeListIn(PageIn):
-    status: Literal["open", "resolved"] | None = None
-
-
-class DisputeEntryOut(Schema):
-    id: int
-    title: str
-    content: str
-    status: str
-    entry_type: str
-    tier: str
-    importance: float
-    created_at: datetime
-
-
-class DisputeOut(Schema):
-    id: int
-    kind: str
-    similarity: float
-    detected_by: str
-    status: str
-    resolution: str | None = Field(description="keep_both, keep_first, keep_second or supersede")
-    resolved_by: str | None
-    resolved_at: datetime | None
-    run_id: int | None
-    created_at: datetime
-    entry_a: DisputeEntryOut = Field(description="The first of the pair (the lower id)")
-    entry_b: DisputeEntryOut
-    details: dict[str, Any]
-
-    @staticmethod
-    def resolve_resolution(obj: Any) -> str | None:
-        return obj.resolution or None
-
-    @staticmethod
-    def resolve_resolved_by(obj: Any) -> str | None:
-        return obj.resolved_by or None
-
-
-class DisputePageOut(Schema):
-    count: int
-    limit: int
-    offset: int
-    items: list[DisputeOut]
-
-
-class ResolveIn(StrictIn):
-    resolution: Literal["keep_both", "keep_first", "keep_second", "supersede"] = Field(
-        description="keep_both: nothing changes; keep_first / keep_second: the other entry is "
-        "archived (restorable); supersede: the winner links `supersedes` to the loser, which "
-        "is archived"
-    )
-    winner_id: int | None = Field(
-        None, ge=1, le=ID_MAX, description="supersede only: one of the pair (default: the newer)"
-    )
-
-
-class ResolveOut(Schema):
-    dispute: DisputeOut
-    archived: list[int] = Field(description="Entries the resolution archived")
-
-
-# --- proposals ---------------------------------------------------------------------
-
-ProposalReason = Literal[
-    "staged_expired",
-    "archived",
-    "low_quality_archived",
-    "consolidated",
-    "pruned",
-    "evicted",
-    "expired",
-    "reclaimed",
-]
-assert set(ProposalReason.__args__) == set(ACTIONS)  # type: ignore[attr-defined]
-REASON_HELP = "The count key of the pass that proposed it: " + ", ".join(ACTIONS)
-
-
-class ProposalListIn(PageIn):
-    reason: ProposalReason | None = Field(None, description=REASON_HELP)
-    action: ProposalAction | None = None
-
-
-class ProposalOut(Schema):
-    entry_id: int
-    action: ProposalAction
-    reason: str = Field(description=REASON_HELP)
-    reason_label: str
-    values: dict[str, Any] = Field(description="The values that decided it (e.g. retention, cold_threshold)")
-    why: str = Field(description="The deciding values in words")
-    run_id: int = Field(description="The run that proposed it (the latest that still proposes it)")
-    created_at: datetime
-    title: str
-    content_excerpt: str
-    entry_status: str | None = Field(description="The entry's status now; null once purged")
-
-
-class ProposalPageOut(Schema):
-    count: int
-    limit: int
-    offset: int
-    items: list[ProposalOut]
-
-
-class ProposalDecisionIn(StrictIn):
-    """``{"ids": [entry ids]}``, or ``{"all": true}`` with an optional ``reason``."""
-
-    ids: list[Annotated[int, Field(ge=1, le=ID_MAX)]] | None = Field(
-        None, min_length=1, max_length=IDS_MAX, description="Entry ids whose open proposals to decide"
-    )
-    all: StrictBool = Field(False, description="Every open proposal (of ``reason``, if given)")
-    reason: ProposalReason | None = Field(None, description="With all: only this reason's proposals")
-
-    @model_validator(mode="after")
-    def _one_selection(self) -> ProposalDecisionIn:
-        if self.all == (self.ids is not None):
-            raise ValueError('give either "ids" or "all": true')
-        if self.reason is not None and not self.all:
-            raise ValueError('"reason" selects with "all": true; with "ids" name the entries only')
-        return self
-
-
-class ProposalApproveIn(ProposalDecisionIn):
-    force: StrictBool = Field(
-        False, description="Approve even when the tombstones would trip the circuit breaker"
-    )
-
-
-class SkippedOut(Schema):
-    id: int = Field(description="The entry id")
-    why: str
-
-
-class ProposalApproveOut(Schema):
-    applied: list[int] = Field(description="Entries archived or tombstoned now (revertible)")
-    skipped: list[SkippedOut] = Field(
-        description="Named entries left alone: no open proposal, or it no longer holds (accessed, "
-        "pinned, held, changed since)"
-    )
-    backup_file: str | None = Field(description="The pre-prune backup written before the first tombstone")
-
-
-class ProposalRejectOut(Schema):
-    rejected: list[int] = Field(description="Entries whose proposals were closed; each is now held")
-    skipped: list[SkippedOut]

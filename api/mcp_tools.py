@@ -24,8 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from api import entries as api
 from api import maintenance as maintenance_api
 from api import search as api_search
-from api.maintenance_schemas import BreakerOut, CountsOut, ProposedCountsOut, PruneIn, RunIn, StatsOut
+from api.maintenance_schemas import BreakerOut, CountsOut, ProposedCountsOut, PruneIn, RunIn
 from api.mcp_calls import call_request, caller, dump, in_django, output_schema, refusal_text
+from api.policy_schemas import StatsOut
 from api.schemas import (
     NOT_BLANK,
     AccessIn,
@@ -45,7 +46,7 @@ from api.schemas import (
     RelationshipOut,
     Text,
 )
-from maintenance.runs import PRUNE_PARAMS
+from maintenance.run_results import PRUNE_PARAMS
 from memory.errors import ServiceError
 from memory.search import LIMIT_MAX, OFFSET_MAX, Q_MAX
 

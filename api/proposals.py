@@ -16,8 +16,8 @@ from django.db.models.functions import Substr
 from django.http import HttpRequest
 from ninja import Query, Router
 
-from api.maintenance_schemas import (
-    ERRORS,
+from api.maintenance_schemas import ERRORS
+from api.review_schemas import (
     ProposalApproveIn,
     ProposalApproveOut,
     ProposalDecisionIn,

@@ -1,8 +1,8 @@
 """The quality endpoints of the agent API: the hygiene review queue and disputes.
 
 Reading the queues needs any member role; archiving, keeping and resolving need an operator.
-Each endpoint is a few lines around the services in maintenance/hygiene.py and
-maintenance/contradictions.py.
+Each endpoint is a few lines around the services in maintenance/hygiene.py,
+maintenance/hygiene_actions.py and maintenance/contradictions.py.
 """
 
 from __future__ import annotations
@@ -13,20 +13,18 @@ from django.http import HttpRequest
 from ninja import Query, Router
 from ninja.params import Path
 
-from api.maintenance_schemas import (
-    ERRORS,
+from api.maintenance_schemas import ERRORS, IdPath, PageIn
+from api.review_schemas import (
     DisputeListIn,
     DisputePageOut,
     HygieneApplyOut,
     HygieneKeepOut,
     HygienePageOut,
-    IdPath,
     IdsIn,
-    PageIn,
     ResolveIn,
     ResolveOut,
 )
-from maintenance import contradictions, hygiene
+from maintenance import contradictions, hygiene, hygiene_actions
 from memory.auth import require
 
 router = Router(tags=["quality"])
@@ -44,14 +42,14 @@ def hygiene_preview(request: HttpRequest, filters: Query[PageIn]) -> dict[str, A
 def hygiene_apply(request: HttpRequest, payload: IdsIn) -> dict[str, Any]:
     """Archive the given ids that a fresh preview still lists; the others are skipped."""
     who = require(request, "operator")
-    return hygiene.apply(who.workspace, payload.ids, actor=who.actor)
+    return hygiene_actions.apply(who.workspace, payload.ids, actor=who.actor)
 
 
 @router.post("/hygiene/keep", response={200: HygieneKeepOut, **ERRORS})
 def hygiene_keep(request: HttpRequest, payload: IdsIn) -> dict[str, Any]:
     """An operator's "keep": the entries leave the queue until their content changes."""
     who = require(request, "operator")
-    return hygiene.keep(who.workspace, payload.ids, actor=who.actor)
+    return hygiene_actions.keep(who.workspace, payload.ids, actor=who.actor)
 
 
 @router.get("/disputes", response={200: DisputePageOut, **ERRORS})

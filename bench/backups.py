@@ -87,7 +87,7 @@ def object_store_like(folder: str) -> Any:
 def measure(workspace: Any, storage: Any) -> dict[str, float]:
     from django.core.files.storage import storages
 
-    from maintenance import backups
+    from maintenance import backup_files, backups
     from maintenance.models import Backup
 
     storages._storages["backups"] = storage
@@ -98,7 +98,7 @@ def measure(workspace: Any, storage: Any) -> dict[str, float]:
     written = time.perf_counter() - start
     grown = rss_mib("VmHWM") - before
     start = time.perf_counter()
-    _, rows, _ = backups.read_backup(backups.stored_backup(backup))
+    _, rows, _ = backup_files.read_backup(backup_files.stored_backup(backup))
     read = time.perf_counter() - start
     result = {
         "write_s": written,
@@ -108,7 +108,7 @@ def measure(workspace: Any, storage: Any) -> dict[str, float]:
         "rows": sum(len(r) for r in rows.values()),
     }
     del rows
-    storage.delete(backups.stored_name(workspace.slug, backup.file_name))
+    storage.delete(backup_files.stored_name(workspace.slug, backup.file_name))
     Backup.objects.filter(pk=backup.pk).delete()
     return result
 

@@ -141,7 +141,7 @@ def run(path: Path, out: Path) -> int:
 
     from maintenance.contradictions import entry_text, flag_contradictions, profile
     from maintenance.models import Dispute
-    from maintenance.passes import RunContext
+    from maintenance.pass_tools import RunContext
     from memory import accounts, new_entries
     from memory.models import Entry
     from memory.policy_model import MaintenancePolicy

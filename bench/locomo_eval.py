@@ -85,7 +85,7 @@ CHANGES = [
     (
         "High-value guard: an incoming `evolves_from` no longer counts as a live link. Every turn"
         " a consolidated entry evolved from was high value for ever, so decay never tombstoned"
-        " it (maintenance/passes.py `live_link_exists`).",
+        " it (maintenance/pass_tools.py `live_link_exists`).",
         "turn rows reclaimed at +90 d: 0.0 % → 100.0 %; evidence kept 100 % → 100 %;"
         " hit@10 maintained 84.0 % → 85.3 % (untouched 84.0 %)",
     ),
@@ -352,7 +352,7 @@ def feed_session(store: Store, conv: Conversation, session: Session) -> None:
 
 
 def maintain(store: Store, at: datetime) -> None:
-    from maintenance.runs import run_maintenance
+    from maintenance.run_start import run_maintenance
 
     for kind in ("full", "decay"):
         started = time.perf_counter()

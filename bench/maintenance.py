@@ -289,7 +289,7 @@ def op_backup(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
 def op_restore(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
     from django.conf import settings
 
-    from maintenance.backups import restore_backup
+    from maintenance.restore import restore_backup
 
     path = Path(settings.BACKUP_DIR) / ws.slug / arg
     t = time.perf_counter()

@@ -42,9 +42,9 @@ from django.db.models.functions import Substr
 from django.utils import timezone
 
 from console.selectors import entry_label
-from maintenance import hygiene, proposals
+from maintenance import hygiene, hygiene_text, proposals
 from maintenance.models import Dispute, DisputeStatus, MaintenanceRun, Proposal, ProposalStatus, RunStatus
-from maintenance.runs import COUNT_KEYS, METRICS, PROPOSING, ROWS_KEY
+from maintenance.run_results import COUNT_KEYS, METRICS, PROPOSING, ROWS_KEY
 from maintenance.selectors import (
     EVENT_STATUS_OF,
     EXCERPT_CHARS,
@@ -141,7 +141,7 @@ def pending_totals(groups: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 # --- hygiene ------------------------------------------------------------------------------
 
 
-class HygieneQueue(Sequence[hygiene.Candidate]):
+class HygieneQueue(Sequence[hygiene_text.Candidate]):
     """The hygiene candidates matching the filters, best first, for a Paginator: its length is
     their number, and a slice reads that page from the database (``hygiene.page``: filtered,
     counted and ranked there; only the page's rows come back). The page asked for first is

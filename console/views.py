@@ -26,7 +26,7 @@ from console import charts, live
 from console import selectors as console_selectors
 from console.access import Console, operator_action, workspace_page
 from maintenance.models import MaintenanceRun, RunKind, RunTrigger
-from maintenance.runs import run_maintenance, runs_inline
+from maintenance.run_start import run_maintenance, runs_inline
 from maintenance.selectors import run_get
 from maintenance.tasks import submit_run
 from memory import entry_changes
@@ -122,7 +122,7 @@ def _run_or_none(console: Console, run_id: str | None) -> MaintenanceRun | None:
 def run_now(request: HttpRequest, console: Console) -> HttpResponse:
     """Start a full run now. Anything but ``dry_run=0`` is a dry run: a form that lost its
     field must not change data. A real run — and a dry run of a large workspace (the API's
-    rule, ``maintenance.runs.runs_inline``) — is queued for the worker, and the browser goes to
+    rule, ``maintenance.run_start.runs_inline``) — is queued for the worker, and the browser goes to
     its run page (303; for htmx, ``HX-Redirect``), which follows it live; if another run holds
     the workspace's lease, the run is recorded ``skipped`` and its page says so. A dry run of a
     small workspace runs in this request: for htmx, the result replaces the result area; the

@@ -51,7 +51,7 @@ from console.selectors_maintenance import (
     tombstone_rows,
     tombstoned_entry_ids,
 )
-from maintenance import contradictions, hygiene, proposals, revert
+from maintenance import contradictions, hygiene_actions, proposals, revert
 from maintenance.models import DisputeStatus, Resolution, RunKind, RunStatus
 from maintenance.selectors import folded_summary, hygiene_reason_codes, hygiene_rows, run_days, run_list
 from memory import entry_changes
@@ -451,10 +451,10 @@ def hygiene_action(request: HttpRequest, console: Console) -> HttpResponse:
     except ServiceError as exc:
         return _refused(request, exc, back)
     if action == "archive":
-        done = hygiene.apply(console.workspace, ids, actor=console.actor)["archived"]
+        done = hygiene_actions.apply(console.workspace, ids, actor=console.actor)["archived"]
         text, level = _summary("Archived", done, [*(i for i in ids if i not in done), *bad], "not candidates")
     else:
-        done = hygiene.keep(console.workspace, ids, actor=console.actor)["kept"]
+        done = hygiene_actions.keep(console.workspace, ids, actor=console.actor)["kept"]
         text, level = _summary("Kept", done, [*(i for i in ids if i not in done), *bad], "not found")
     removed = [("tr", f"hygiene-row-{i}") for i in done]
     return _acted(request, console, tab="hygiene", text=text, level=level, removed=removed, back=back)

@@ -28,7 +28,8 @@ from maintenance.models import (
     RunDaySummary,
     RunStatus,
 )
-from maintenance.passes import PassResult, RunContext
+from maintenance.pass_tools import PassResult, RunContext
+from maintenance.run_results import COUNT_KEYS, METRICS
 from memory.models import LifecycleEvent, Relationship, Tombstone
 
 NOOP_KEEP_DAYS = 7
@@ -103,8 +104,6 @@ def unreferenced(runs: QuerySet[MaintenanceRun]) -> QuerySet[MaintenanceRun]:
 
 def changed_nothing(counts: Any) -> bool:
     """A real run's counts say it changed nothing (metrics aside); a skipped run has none."""
-    from maintenance.runs import COUNT_KEYS, METRICS
-
     if not isinstance(counts, dict):
         return True
     for key in COUNT_KEYS:

@@ -17,7 +17,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Count
 
-from maintenance.passes import (
+from maintenance.pass_tools import (
     PassResult,
     RunContext,
     held_only,

@@ -23,7 +23,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from maintenance.models import Dispute, DisputeStatus, Resolution
-from maintenance.passes import PassResult, RunContext
+from maintenance.pass_tools import PassResult, RunContext
 from maintenance.plan_status import status_in
 from maintenance.text import content_words, words
 from memory import holds, lifecycle, relationships

@@ -1,279 +1,44 @@
 """The passes of a maintenance run, one short set-based function each.
 
-Every pass reads its candidates in batches of ids (keyset pagination), and changes each batch
-in one transaction together with its LifecycleEvents (and Tombstones), so a run killed at any
-point leaves no half-applied batch. No pass issues a query per entry. Each returns a
-``PassResult`` with its count and the ids it changed.
-
-Protection rules live in ``unprotected`` and ``not_high_value``; every pass that
-archives or tombstones goes through them.
+Every pass reads its candidates in batches of ids and changes them through
+``pass_tools.transition`` (or a batched transaction of its own), so no pass issues a query per
+entry; each returns a ``PassResult`` with its count and the ids it changed. Every pass that
+archives or tombstones goes through the protection rule (``unprotected``, ``not_high_value``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Case, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce, Least
 
-from maintenance import plan_status
+from maintenance import compaction, contradictions, hygiene_actions
+from maintenance.pass_tools import (
+    PassResult,
+    RunContext,
+    automatic_event,
+    importance_of,
+    latest,
+    not_high_value,
+    retention_of,
+    tombstone,
+    transition,
+    unprotected,
+)
 from maintenance.plan_status import status_in
 from memory import lifecycle
 from memory.models import Entry, EntryAccess, LifecycleEvent, Relationship, Tag, Tombstone, Workspace
-from memory.models.choices import (
-    LISTED_STATUSES,
-    EntryType,
-    RelationshipType,
-    StagedClass,
-    Status,
-    Tier,
-    TombstoneReason,
-)
-from memory.models.entries import held, protected, stored_retention
-from memory.policy import PolicyValues
-from memory.scoring_db import counted_end, plan_scores, refresh_scores
+from memory.models.choices import LISTED_STATUSES, EntryType, StagedClass, Status, Tier, TombstoneReason
+from memory.scoring_db import plan_scores, refresh_scores
 
-BATCH_SIZE = 500
 GRADUATING_CLASSES = (StagedClass.PROCEDURAL, StagedClass.CONCEPTUAL, StagedClass.REFERENCE)
 GRADUATION_TAGS = ("consolidated", "graduated")
 ORPHAN_IMPORTANCE = 0.2
-HIGH_VALUE_IMPACT = 0.5
-
-
-class LeaseLost(Exception):
-    """Our maintenance lease expired and was taken over; stop before the next batch."""
-
-
-@dataclass
-class RunContext:
-    workspace: Workspace
-    now: datetime
-    policy: PolicyValues
-    run: Any  # MaintenanceRun
-    actor: str = "system"
-    batch_size: int = BATCH_SIZE
-    renew: Callable[[], bool] = lambda: True
-    # Called once, before the first batch of a destructive pass that changes a row.
-    before_destructive: Callable[[], None] = lambda: None
-    # The caller of a prune passed hard_delete_older_than_days explicitly: that grace applies
-    # at once. Otherwise a tombstone is also kept until its own purge_after, so lowering the
-    # grace in the policy never purges earlier than the countdown an operator was shown.
-    explicit_grace: bool = False
-    # Held entries the passes skipped (ids), for the run's held_skipped count.
-    held: set[int] = field(default_factory=set)
-    # The plan: the score pass fills the temporary maintenance_planscore table instead of the
-    # stored columns, and the passes read importance and retention from it (``importance_of``).
-    planning: bool = False
-    # Per-row details of evictions and expiries (``evicted_rows``, ``expired_rows``): only a
-    # decay sweep reports them; a full run of a million entries would keep ~250,000 dicts.
-    details: bool = True
-
-    @property
-    def run_id(self) -> int | None:
-        """The id of the run the records name (none for an operator's approval outside a run)."""
-        return self.run.pk if self.run is not None else None
-
-    def heartbeat(self) -> None:
-        if not self.renew():
-            raise LeaseLost(f"lease of workspace {self.workspace.slug} was lost")
-
-
-@dataclass
-class PassResult:
-    count: int = 0
-    ids: list[int] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-    # Per changed id, values that decided it beyond the entry's own columns (a proposal shows them).
-    values: dict[int, dict[str, Any]] = field(default_factory=dict)
-
-
-# --- predicates ---------------------------------------------------------------------------
-
-
-def latest(ctx: RunContext) -> QuerySet[Entry]:
-    return Entry.objects.filter(workspace=ctx.workspace, is_latest=True)
-
-
-def _score_of(ctx: RunContext, column: str) -> Any:
-    stored = F(column) if column == "importance" else stored_retention()
-    if not ctx.planning:
-        return stored
-    from maintenance.models import PlanScore
-
-    # An entry the plan's score pass did not score (written during the plan, or rescored in
-    # place since) has its stored value, as it has in the apply.
-    planned = PlanScore.objects.filter(entry_id=OuterRef("pk")).values(column)[:1]
-    return Coalesce(Subquery(planned), stored)
-
-
-def importance_of(ctx: RunContext) -> Any:
-    """The importance a pass decides on: the stored column, or in the plan the plan's score."""
-    return _score_of(ctx, "importance")
-
-
-def retention_of(ctx: RunContext) -> Any:
-    """The retention a pass decides on: the stored column, or in the plan the plan's score."""
-    return _score_of(ctx, "retention")
-
-
-def _rule(ctx: RunContext, *, honour_pin: bool, holds: bool) -> Q:
-    return protected(
-        now=ctx.now,
-        hold_days=ctx.policy.operator_hold_days,
-        exclude_tags=ctx.policy.exclude_tags,
-        honour_pin=honour_pin,
-        holds=holds,
-    )
-
-
-def held_only(qs: QuerySet[Entry], ctx: RunContext, *, honour_pin: bool = True) -> QuerySet[Entry]:
-    """The entries of ``qs`` that only an operator hold keeps from automation."""
-    return qs.exclude(_rule(ctx, honour_pin=honour_pin, holds=False)).filter(
-        held(now=ctx.now, hold_days=ctx.policy.operator_hold_days)
-    )
-
-
-def unprotected(
-    qs: QuerySet[Entry], ctx: RunContext, *, honour_pin: bool = True, note_held: bool = True
-) -> QuerySet[Entry]:
-    """``qs`` without the entries the one protection rule (``memory.models.entries.protected``) keeps
-    from automation. The held entries the pass would otherwise have changed are noted on the
-    context (``held_skipped``): an operator sees that automation wanted them. ``note_held=False``
-    for a pass that decides more after this filter and notes them itself."""
-    if note_held:
-        ctx.held.update(held_only(qs, ctx, honour_pin=honour_pin).values_list("pk", flat=True))
-    return qs.exclude(_rule(ctx, honour_pin=honour_pin, holds=True))
-
-
-def live_link_exists(now: datetime) -> Exists | Any:
-    """An active (not pruned) link, in either direction, to a latest entry that is not
-    tombstoned (or was tombstoned at or after the run's ``now``: see ``counted_end``) — except
-    an incoming ``evolves_from``: a newer entry that evolved from this one (a consolidation, a
-    compaction's retrospective) carries what it needed of it, so that link marks this entry as
-    absorbed, not as needed. Without the exception every consolidated turn and every compacted
-    fragment would be high value for ever (measured in bench/reports/locomo.md: no turn of a
-    consolidated conversation was ever reclaimed)."""
-    out = Relationship.objects.filter(
-        counted_end("to_entry", now), from_entry=OuterRef("pk"), pruned_at__isnull=True
-    )
-    inc = Relationship.objects.filter(
-        counted_end("from_entry", now), to_entry=OuterRef("pk"), pruned_at__isnull=True
-    ).exclude(type=RelationshipType.EVOLVES_FROM)
-    return Exists(out) | Exists(inc)
-
-
-def not_high_value(qs: QuerySet[Entry], now: datetime) -> QuerySet[Entry]:
-    """High-value entries (significance set, impact ≥ 0.5, or a live link) may be archived but
-    are never tombstoned automatically."""
-    return (
-        qs.filter(Q(significance_type__isnull=True) | Q(significance_type=""))
-        .filter(Q(impact_score__isnull=True) | Q(impact_score__lt=HIGH_VALUE_IMPACT))
-        .exclude(live_link_exists(now))
-    )
-
-
-# --- the generic transition ---------------------------------------------------------------
-
-
-def transition(
-    ctx: RunContext,
-    candidates: QuerySet[Entry],
-    *,
-    to_status: str,
-    reason: str,
-    tombstone_reason: str | None = None,
-    destructive: bool = False,
-    detail_fields: tuple[str, ...] = (),
-    details_of: Mapping[int, Mapping[str, Any]] | None = None,
-) -> PassResult:
-    """Move every candidate to ``to_status`` in batches: one transaction per batch holding the
-    status UPDATE, the LifecycleEvents and (for tombstones) the Tombstone rows, written by
-    ``memory.lifecycle.change_status`` (``details_of``: the details of each entry's event).
-
-    The candidates' ids are read once (one statement); each batch then locks its ids and reads
-    them again through the whole predicate, so a row that stopped qualifying meanwhile (an
-    operator pinned or held it) is left alone. Restricted to a batch's ids, the predicate's
-    link checks are index lookups per row; a keyset walk (``pk > last``, LIMIT) made
-    PostgreSQL build them as hash tables over every link and entry for each batch: 180 ms a
-    batch, 15 of the decay pass's 16 s at 100,000 entries."""
-    if plan_status.active():
-        return _planned_transition(ctx, candidates, to_status=to_status, detail_fields=detail_fields)
-    result = PassResult()
-    ids_all = list(candidates.order_by("pk").values_list("pk", flat=True))
-    for start in range(0, len(ids_all), ctx.batch_size):
-        with transaction.atomic():
-            rows = list(
-                candidates.filter(pk__any_of=ids_all[start : start + ctx.batch_size])
-                .select_for_update(of=("self",))
-                .order_by("pk")
-                .values("pk", *detail_fields)
-            )
-            if not rows:
-                continue
-            if detail_fields:
-                result.extra.setdefault("rows", []).extend(_detail_rows(rows, detail_fields))
-            if destructive and not result.ids:
-                ctx.before_destructive()
-            ids = [r["pk"] for r in rows]
-            lifecycle.change_status(
-                ctx.workspace.pk,
-                ids,
-                to_status,
-                **_automatic(ctx, reason),
-                tombstone=lifecycle.Tombstoning(
-                    tombstone_reason, ctx.now + timedelta(days=ctx.policy.purge_grace_days)
-                )
-                if tombstone_reason
-                else None,
-                details_of={i: details_of[i] for i in ids if i in details_of} if details_of else None,
-            )
-            result.ids += ids
-        ctx.heartbeat()
-    result.count = len(result.ids)
-    return result
-
-
-def _planned_transition(
-    ctx: RunContext, candidates: QuerySet[Entry], *, to_status: str, detail_fields: tuple[str, ...]
-) -> PassResult:
-    """``transition`` inside a plan with the status overlay: the candidates read once and
-    their new status recorded beside them (``maintenance.plan_status``); no entry row is
-    written or locked, no record made (the plan's records would be rolled back anyway)."""
-    ordered = candidates.order_by("pk")
-    result = PassResult()
-    if detail_fields:
-        rows = list(ordered.values("pk", *detail_fields))
-        result.ids = [r["pk"] for r in rows]
-        result.extra["rows"] = _detail_rows(rows, detail_fields)
-    else:  # ids only: half a million dicts were ~100 MB at 1,000,000 entries
-        result.ids = list(ordered.values_list("pk", flat=True))
-    plan_status.record(result.ids, to_status, ctx.now)
-    result.count = len(result.ids)
-    ctx.heartbeat()
-    return result
-
-
-def _detail_rows(rows: Iterable[Mapping[str, Any]], fields: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The per-row details a transition reports (``extra["rows"]``): the id and ``fields``."""
-    return [{"id": r["pk"], **{f: r[f] for f in fields}} for r in rows]
-
-
-def tombstone(ctx: RunContext, candidates: QuerySet[Entry], reason: str, **options: Any) -> PassResult:
-    """The destructive transition shared by passes 8–11: tombstone with a Tombstone row whose
-    reason is the pass's, after the pre-prune backup."""
-    return transition(
-        ctx,
-        candidates,
-        to_status=Status.TOMBSTONED,
-        reason=reason,
-        tombstone_reason=TombstoneReason(reason),
-        destructive=True,
-        **options,
-    )
 
 
 def _days_ago(ctx: RunContext, days: float) -> datetime:
@@ -336,7 +101,7 @@ def graduate_staged(ctx: RunContext) -> PassResult:
             last = rows[-1]["pk"]
             ids = [r["pk"] for r in rows]
             lifecycle.change_status(
-                ctx.workspace.pk, ids, Status.ACTIVE, **_automatic(ctx, "graduate"), columns=GRADUATION
+                ctx.workspace.pk, ids, Status.ACTIVE, **automatic_event(ctx, "graduate"), columns=GRADUATION
             )
             Entry.tags.through.objects.bulk_create(
                 [Entry.tags.through(entry_id=i, tag_id=t.pk) for i in ids for t in tags],
@@ -402,17 +167,13 @@ def archive_aged(ctx: RunContext) -> PassResult:
 
 def archive_low_quality(ctx: RunContext) -> PassResult:
     """6. Entries hygiene recommends archiving, never accessed, older than
-    low_quality_min_age_days → archived (maintenance/hygiene.py)."""
-    from maintenance import hygiene
-
-    return hygiene.archive_low_quality(ctx)
+    low_quality_min_age_days → archived (maintenance/hygiene_actions.py)."""
+    return hygiene_actions.archive_low_quality(ctx)
 
 
 def compact(ctx: RunContext) -> PassResult:
     """7. Fragments of one work session → one retrospective (maintenance/compaction.py).
     ``extra`` carries summaries_created."""
-    from maintenance import compaction
-
     return compaction.compact(ctx)
 
 
@@ -647,8 +408,6 @@ def purge_lineages(
 
 def flag_contradictions(ctx: RunContext) -> PassResult:
     """14. The contradiction sweep (maintenance/contradictions.py)."""
-    from maintenance import contradictions
-
     return contradictions.flag_contradictions(ctx)
 
 
@@ -674,16 +433,3 @@ def _tags(workspace: Workspace, names: Iterable[str]) -> list[Tag]:
     names = list(names)
     Tag.objects.bulk_create([Tag(workspace=workspace, name=n) for n in names], ignore_conflicts=True)
     return list(Tag.objects.filter(workspace=workspace, name__in=names))
-
-
-def _automatic(ctx: RunContext, reason: str) -> dict[str, Any]:
-    """The event of a pass's change: automatic, of the run, by its actor — none in the plan,
-    which is rolled back and whose passes never read the events of their own run."""
-    return {
-        "reason": reason,
-        "actor": ctx.actor,
-        "now": ctx.now,
-        "automatic": True,
-        "run_id": ctx.run_id,
-        "record": not ctx.planning,
-    }

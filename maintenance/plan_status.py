@@ -19,6 +19,7 @@ from datetime import datetime
 from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 
+from maintenance.models import PlanStatus
 from memory import rawsql
 from memory.models import Entry
 from memory.models.choices import Status
@@ -106,8 +107,6 @@ def _planned(outer: str, statuses: Sequence[str] | None = None, before: datetime
     ``before``): a correlated EXISTS, one primary-key lookup per row. (``id IN (SELECT …)``
     was hashed only while the table fitted in work_mem; beyond that PostgreSQL scanned it once
     per row: 8 s for every 1,000 entries at a million.)"""
-    from maintenance.models import PlanStatus
-
     rows = PlanStatus.objects.filter(entry_id=OuterRef(outer))
     if statuses is not None:
         rows = rows.filter(status__in=list(statuses))

@@ -20,15 +20,16 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
-from maintenance import backups, lease, passes
+from maintenance import backups, compaction, hygiene_actions, lease, passes
 from maintenance.models import MaintenanceRun, Proposal, ProposalAction, ProposalStatus, RunKind
-from maintenance.passes import PassResult, RunContext
+from maintenance.pass_tools import PassResult, RunContext
+from maintenance.run_results import PRUNE_PARAMS, Outcome, effective_policy, live_count, tombstones_trip
 from memory import holds, lifecycle
 from memory.errors import Conflict, InvalidInput
 from memory.models import Entry, LifecycleEvent, Workspace
@@ -37,9 +38,6 @@ from memory.models.entries import protected, stored_retention
 from memory.policy import PolicyValues
 from memory.relationships import neighbour_ids
 from memory.scoring_db import refresh_scores
-
-if TYPE_CHECKING:
-    from maintenance.runs import Outcome
 
 # The proposing passes (count keys) in run order, each with its action.
 ACTIONS: dict[str, str] = {
@@ -332,12 +330,8 @@ def _why_not(
 
 def _apply(ctx: RunContext, key: str, ids: list[int]) -> PassResult:
     if key == "low_quality_archived":
-        from maintenance import hygiene
-
-        return hygiene.archive_low_quality(ctx, only=ids)
+        return hygiene_actions.archive_low_quality(ctx, only=ids)
     if key == "consolidated":
-        from maintenance import compaction
-
         return compaction.compact(ctx, only=ids)
     return passes.apply_change(ctx, key, ids)
 
@@ -346,8 +340,6 @@ def _run_policy(workspace: Workspace, run: MaintenanceRun, current: PolicyValues
     """The rule a proposal is re-checked with: today's policy, except that a prune run's own
     parameters (the caller's thresholds and excluded tags) still decide its
     proposals — excluded tags only ever add."""
-    from maintenance.runs import PRUNE_PARAMS, effective_policy
-
     if run.kind != RunKind.PRUNE:
         return current
     return effective_policy(workspace, {k: run.params.get(k) for k in PRUNE_PARAMS})
@@ -390,8 +382,6 @@ def _approve(
     now: datetime,
     holder: str,
 ) -> dict[str, Any]:
-    from maintenance.runs import effective_policy, live_count, tombstones_trip
-
     try:
         # Read after taking the lease: a run that just ended may have superseded some.
         chosen, skipped = _selected(workspace, ids=ids, all=all, reason=reason)

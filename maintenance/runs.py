@@ -1,37 +1,24 @@
-"""Maintenance runs: the full run and the partial prune and decay sweeps.
+"""A maintenance run once its row exists: the lease, the plan, the breaker and the apply.
 
-A run records a MaintenanceRun — at once (``run_maintenance``: the command line, the
-scheduler's task, small dry runs of the API), or first as ``queued`` for a worker to start
-(``queue_run``, then ``start_queued`` in ``maintenance.tasks.run_queued``) — takes the
-workspace's lease (or is recorded ``skipped``), marks runs killed earlier as ``failed`` (and
-queued runs no worker started for hours, ``fail_lost_queued``), and then works in two phases,
-recording where it is once per pass (``Progress``):
+A run takes the workspace's lease (or ends ``skipped``), marks runs killed earlier ``failed``
+(and queued runs no worker started for hours), then works in two phases, recording where it is
+once per pass (``Progress``):
 
-1. **Plan.** Every pass runs inside one transaction that is rolled back at the end. This gives
-   the exact counts and ids the run would produce — it *is* the dry run, so a dry run and a
-   real run at the same ``now`` agree by construction — and decides the circuit breaker
-   before anything is changed. It does not rewrite entries only to roll them back: its score
-   pass scores into a temporary narrow table the plan's passes read (``scoring_db.plan_scores``),
-   and its status changes are kept beside the entries (``plan_status``), so the entries it
-   would mark stale, archive or tombstone stay unlocked for the API. (Graduation, compaction's
-   summaries, link pruning and purges still write inside the plan: a few thousand rows at a
-   million entries.) On PostgreSQL the lease is renewed during the plan from a
-   connection of its own (``lease.keep_alive``). The hygiene text verdicts the plan makes
-   are stored once it is over (a cache the apply reads, not a change: ``hygiene.PlanVerdicts``).
-2. **Apply** (real runs that are not blocked). The pre-prune backup is written first when the
-   plan will change rows in a destructive pass (8–13); a failed backup fails the run with
-   nothing changed. Then every pass runs for real, one transaction per batch, renewing the
-   lease after every batch. Should the data move between plan and apply so that a destructive
-   pass finds rows the plan did not, the backup is written just before that pass's first
-   batch: nothing is ever purged or tombstoned without a backup that contains it.
-
-The result object goes to the caller whole; the row keeps it with at most ``AFFECTED_KEPT`` ids
-per list (and the true lengths in ``affected_total``): a real run's complete lists are its
-LifecycleEvents (``maintenance.selectors.AffectedIds``).
+1. **Plan.** Every pass runs inside one transaction that is rolled back: the exact counts and
+   ids the run would produce — it *is* the dry run — and the circuit breaker's verdict, before
+   anything changes. Scores go to a temporary table (``scoring_db.plan_scores``) and statuses
+   beside the entries (``plan_status``), so the entries stay unlocked for the API; the lease is
+   kept alive from a connection of its own. The text verdicts it makes are stored afterwards
+   (``hygiene.PlanVerdicts``), a cache, not a change.
+2. **Apply** (real runs not blocked): the pre-prune backup first when a destructive pass (8–13)
+   will change rows — a failed backup fails the run with nothing changed — then every pass for
+   real, one transaction per batch. Should a destructive pass find rows the plan did not, the
+   backup is written before its first batch: nothing is tombstoned or purged without a backup.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import traceback
@@ -41,57 +28,30 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
 from maintenance import backups, bookkeeping, hygiene, lease, passes, plan_snapshot, plan_status, proposals
 from maintenance.models import MaintenanceRun, RunKind, RunStatus
-from maintenance.passes import LeaseLost, PassResult, RunContext
+from maintenance.pass_tools import LeaseLost, PassResult, RunContext
+from maintenance.run_results import (
+    COUNT_KEYS,
+    PROPOSING,
+    ROWS_KEY,
+    Outcome,
+    affected_lists,
+    breaker_trips,
+    empty_counts,
+    live_count,
+    rows_done,
+    stored_result,
+)
 from maintenance.signals import announce_run
 from memory import lifecycle, scoring_db
-from memory.models import Entry, Workspace
-from memory.models.choices import LISTED_STATUSES
-from memory.policy import PolicyValues, clamp_value, clean_tags
-from memory.policy_model import MaintenancePolicy
+from memory.models import Workspace
+from memory.policy import PolicyValues
 
 log = logging.getLogger(__name__)
-
-COUNT_KEYS = (
-    "scored",
-    "staged_graduated",
-    "staged_expired",
-    "stale_marked",
-    "archived",
-    "low_quality_archived",
-    "summaries_created",
-    "consolidated",
-    "pruned",
-    "evicted",
-    "expired",
-    "reclaimed",
-    "reclaimed_rows",
-    "links_pruned",
-    "hard_deleted",
-    "disputes_flagged",
-    "orphans",
-    "held_skipped",
-)
-# The one count that is a mapping: bookkeeping rows the reclaim pass removed, by kind
-# (``maintenance.bookkeeping``; kinds with nothing removed are left out).
-ROWS_KEY = "reclaimed_rows"
-# Counts that are measurements, not changes: shown apart from what a run changed.
-METRICS = ("scored", "orphans", "held_skipped")
-TOMBSTONING = ("pruned", "evicted", "expired", "reclaimed")
-DESTRUCTIVE = (*TOMBSTONING, "links_pruned", "hard_deleted")
-BREAKER_MIN_ENTRIES = 20  # the breaker never trips for 20 tombstones or fewer
-PRUNE_PARAMS = (
-    "archive_older_than_days",
-    "prune_older_than_days",
-    "hard_delete_older_than_days",
-    "importance_threshold",
-    "exclude_tags",
-)
 
 
 class _Rollback(Exception):
@@ -159,99 +119,6 @@ def _pass_named(name: str) -> Callable[[RunContext], PassResult]:
     return found
 
 
-ARCHIVING = ("staged_expired", "archived", "low_quality_archived", "consolidated")
-# The passes that, in propose mode, record proposals instead of changing entries.
-PROPOSING = (*ARCHIVING, *TOMBSTONING)
-
-
-def rows_done(counts: dict[str, Any]) -> int:
-    """The rows a run's counts add up to (``reclaimed_rows`` is a count per kind of row)."""
-    return sum(sum(v.values()) if isinstance(v, dict) else v for v in counts.values())
-
-
-def empty_counts() -> dict[str, Any]:
-    counts: dict[str, Any] = dict.fromkeys(COUNT_KEYS, 0)
-    counts[ROWS_KEY] = {}
-    return counts
-
-
-class Outcome:
-    """Counts and affected ids of one execution of the passes."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, Any] = empty_counts()
-        self.ids: dict[str, list[int]] = {}
-        self.extra: dict[str, Any] = {}
-        self.values: dict[str, dict[int, dict[str, Any]]] = {}
-        self.held: set[int] = set()
-        # A propose-mode outcome: the proposing passes' counts are proposals, nothing they name
-        # was changed.
-        self.proposed = False
-
-    def add(self, key: str, result: PassResult) -> None:
-        if key == ROWS_KEY:
-            rows = self.counts[ROWS_KEY]
-            for kind, n in result.extra.get(ROWS_KEY, {}).items():
-                rows[kind] = rows.get(kind, 0) + n
-            return
-        self.counts[key] += result.count
-        self.ids.setdefault(key, []).extend(result.ids)
-        self.values.setdefault(key, {}).update(result.values)
-        for k, v in result.extra.items():
-            if k in self.counts:
-                self.counts[k] += v
-            elif isinstance(v, list):
-                self.extra.setdefault(k, []).extend(v)
-            else:
-                self.extra[k] = self.extra.get(k, 0) + v
-
-    @property
-    def affected(self) -> dict[str, Any]:
-        """The entries changed; a propose-mode outcome changed none by archive or tombstone
-        (only purges past grace) and names what it proposed instead."""
-        archived = sorted(i for k in ARCHIVING for i in self.ids.get(k, []))
-        tombstoned = sorted(i for k in TOMBSTONING for i in self.ids.get(k, []))
-        purged = sorted(self.ids.get("hard_deleted", []))
-        if self.proposed:
-            return {
-                "archived": [],
-                "tombstoned": [],
-                "purged": purged,
-                "proposed": {"archive": archived, "tombstone": tombstoned},
-            }
-        return {"archived": archived, "tombstoned": tombstoned, "purged": purged}
-
-    @property
-    def proposals(self) -> dict[str, int]:
-        return {
-            "archive": sum(self.counts[k] for k in ARCHIVING),
-            "tombstone": sum(self.counts[k] for k in TOMBSTONING),
-        }
-
-    @property
-    def tombstones(self) -> int:
-        return sum(self.counts[k] for k in TOMBSTONING)
-
-    @property
-    def destructive(self) -> int:
-        return sum(self.counts[k] for k in DESTRUCTIVE)
-
-
-def effective_policy(workspace: Workspace, params: dict[str, Any] | None) -> PolicyValues:
-    """The policy read fresh from the database, with the caller's overrides (clamped too)."""
-    policy = MaintenancePolicy.for_workspace(workspace)
-    overrides: dict[str, Any] = {}
-    for name, value in (params or {}).items():
-        if value is None:
-            continue
-        if name == "exclude_tags":
-            # The caller's tags add to the policy's: a request can protect more, never less.
-            overrides[name] = tuple(dict.fromkeys([*policy.exclude_tags, *clean_tags(value)]))
-        elif hasattr(policy, name):
-            overrides[name] = clamp_value(name, value)
-    return replace(policy, **overrides)
-
-
 class Progress:
     """Where a run is: recorded on its row (``MaintenanceRun.progress``) once per pass — never
     per row — and announced (``maintenance.signals.run_changed``: the console pushes it to the open run page).
@@ -312,8 +179,6 @@ ASIDE_EVERY = 2.0
 def _write_aside(run: MaintenanceRun, state: dict[str, Any]) -> None:
     """Update the run's progress from a connection of its own (committed at once), for a phase
     that runs inside one long transaction, and tell the run's open page."""
-    import json
-
     side = connections.create_connection(DEFAULT_DB_ALIAS)
     try:
         with side.cursor() as cursor:
@@ -410,76 +275,6 @@ def _plan(
     return outcome
 
 
-def live_count(workspace: Workspace) -> int:
-    return Entry.objects.filter(
-        workspace=workspace,
-        is_latest=True,
-        status__in=LISTED_STATUSES,
-    ).count()
-
-
-def breaker_trips(outcome: Outcome, live: int, policy: PolicyValues) -> bool:
-    """Passes 8–11 would tombstone more than max_tombstone_fraction of the live entries (and
-    more than 20 entries)."""
-    return tombstones_trip(outcome.tombstones, live, policy)
-
-
-def tombstones_trip(n: int, live: int, policy: PolicyValues) -> bool:
-    """The circuit breaker's rule for ``n`` tombstones among ``live`` entries (runs and approvals)."""
-    return n > BREAKER_MIN_ENTRIES and live > 0 and n / live > policy.max_tombstone_fraction
-
-
-# A run keeps on its row at most this many entry ids per action (``affected``, and the ids of
-# a decay sweep's ``sweep`` lists in ``result``): the row that every run list reads stays small
-# however much the run changed. The complete lists of a real run are its LifecycleEvents
-# (``maintenance.selectors.run_affected``); a dry run changed nothing and records only these.
-AFFECTED_KEPT = 200
-AFFECTED_LISTS = ("archived", "tombstoned", "purged", "proposed_archive", "proposed_tombstone")
-
-
-def affected_lists(affected: dict[str, Any]) -> dict[str, list[int]]:
-    """The five id lists of an ``affected`` object, flat: archived, tombstoned, purged,
-    proposed_archive, proposed_tombstone (missing ones empty)."""
-    found_proposed = affected.get("proposed")
-    proposed: dict[str, Any] = found_proposed if isinstance(found_proposed, dict) else {}
-    found = {
-        "archived": affected.get("archived"),
-        "tombstoned": affected.get("tombstoned"),
-        "purged": affected.get("purged"),
-        "proposed_archive": proposed.get("archive"),
-        "proposed_tombstone": proposed.get("tombstone"),
-    }
-    return {k: [i for i in v if isinstance(i, int)] if isinstance(v, list) else [] for k, v in found.items()}
-
-
-def bounded_affected(affected: dict[str, Any]) -> dict[str, Any]:
-    """``affected`` with every id list cut to its first AFFECTED_KEPT ids (rows recorded before
-    runs kept a bounded sample can hold every id)."""
-    return {
-        key: {k: ids[:AFFECTED_KEPT] if isinstance(ids, list) else ids for k, ids in value.items()}
-        if isinstance(value, dict)
-        else value[:AFFECTED_KEPT]
-        if isinstance(value, list)
-        else value
-        for key, value in affected.items()
-    }
-
-
-def _stored_result(result: dict[str, Any]) -> dict[str, Any]:
-    """The result object as kept on the row: its id lists cut to AFFECTED_KEPT (the true
-    lengths are the row's ``affected_total``; a sweep's counts are its result's
-    ``hard_deleted`` and the run's counts)."""
-    stored = {**result, "affected": bounded_affected(result["affected"])}
-    sweep = result.get("sweep")
-    if isinstance(sweep, dict):
-        stored["sweep"] = {
-            **sweep,
-            "evicted": sweep["evicted"][:AFFECTED_KEPT],
-            "expired": sweep["expired"][:AFFECTED_KEPT],
-        }
-    return stored
-
-
 def _result(run: MaintenanceRun, outcome: Outcome | None) -> dict[str, Any]:
     counts = outcome.counts if outcome else empty_counts()
     affected = outcome.affected if outcome else {"archived": [], "tombstoned": [], "purged": []}
@@ -495,7 +290,7 @@ def _result(run: MaintenanceRun, outcome: Outcome | None) -> dict[str, Any]:
     }
 
 
-def _finish(
+def finish_run(
     run: MaintenanceRun,
     status: str,
     outcome: Outcome | None,
@@ -514,7 +309,7 @@ def _finish(
         result["proposed"] = outcome.proposals
     if outcome is not None and run.kind == RunKind.DECAY:
         result["sweep"] = _decay_details(outcome, run)
-    run.result = _stored_result(result)
+    run.result = stored_result(result)
     run.affected = run.result["affected"] if outcome else {}
     run.affected_total = {k: len(v) for k, v in affected_lists(result["affected"]).items()}
     progress = run.progress if isinstance(run.progress, dict) else {}
@@ -574,120 +369,10 @@ def fail_lost_queued(*, workspace: Workspace | None = None, now: datetime | None
     return lost.update(status=RunStatus.FAILED, finished_at=now, error=QUEUED_GIVEN_UP_ERROR)
 
 
-def _new_run(
-    workspace: Workspace, kind: str, trigger: str, dry_run: bool, force: bool, actor: str, **fields: Any
-) -> MaintenanceRun:
-    """The row of a run that starts now (``fields``: its status when not ``running``, params)."""
-    return MaintenanceRun.objects.create(
-        workspace=workspace,
-        kind=kind,
-        trigger=trigger,
-        dry_run=dry_run,
-        forced=force,
-        actor=actor,
-        started_at=timezone.now(),
-        **fields,
-    )
-
-
-def run_maintenance(
-    *,
-    workspace: Workspace,
-    kind: str = RunKind.FULL,
-    trigger: str = "cli",
-    dry_run: bool = False,
-    force: bool = False,
-    now: datetime | None = None,
-    actor: str = "system",
-    params: dict[str, Any] | None = None,
-    progress: Callable[[str], None] | None = None,
-    batch_size: int = passes.BATCH_SIZE,
-) -> dict[str, Any]:
-    """Run maintenance of one kind (full, prune, decay, hygiene, contradictions, consolidate)
-    on one workspace, here and now; returns the run's result object (counts and every affected id),
-    also stored on the MaintenanceRun (with a bounded sample of them)."""
-    if kind not in RunKind.values:
-        raise ValueError(f"unknown run kind {kind!r}")
-    now = now or timezone.now()
-    policy = effective_policy(workspace, params if kind == RunKind.PRUNE else None)
-    run = _new_run(
-        workspace,
-        kind,
-        trigger,
-        dry_run,
-        force,
-        actor,
-        params={"now": now.isoformat(), **_policy_params(policy)},
-    )
-    announce_run(run, "started")
-    return _run(run, now=now, policy=policy, params=params, progress=progress, batch_size=batch_size)
-
-
-def queue_run(
-    *,
-    workspace: Workspace,
-    kind: str,
-    trigger: str,
-    dry_run: bool = False,
-    force: bool = False,
-    actor: str = "system",
-    params: dict[str, Any] | None = None,
-) -> MaintenanceRun:
-    """Record a run as ``queued`` for a worker to start (``maintenance.tasks.run_queued``). Its
-    ``params`` hold the caller's parameters (``requested``) until it starts; the policy is read
-    when it starts, as for any run."""
-    if kind not in RunKind.values:
-        raise ValueError(f"unknown run kind {kind!r}")
-    requested = {k: v for k, v in (params or {}).items() if v is not None}
-    run = _new_run(
-        workspace,
-        kind,
-        trigger,
-        dry_run,
-        force,
-        actor,
-        status=RunStatus.QUEUED,
-        params={"requested": requested} if requested else {},
-    )
-    announce_run(run, "started")
-    return run
-
-
 LEASE_HELD = "another run holds this workspace's lease"
 
 
-def record_refused(
-    *,
-    workspace: Workspace,
-    kind: str,
-    trigger: str,
-    dry_run: bool,
-    force: bool,
-    actor: str,
-    error: str = LEASE_HELD,
-) -> MaintenanceRun:
-    """Record a run refused before it was queued because another run holds the workspace's
-    lease (or waits in the queue for it): ``skipped``, like a run that meets the lease when it
-    starts."""
-    run = _new_run(workspace, kind, trigger, dry_run, force, actor)
-    _finish(run, RunStatus.SKIPPED, None, error=error)
-    return run
-
-
-def start_queued(run: MaintenanceRun, *, batch_size: int = passes.BATCH_SIZE) -> dict[str, Any]:
-    """Execute a queued run that its worker has just claimed (status running): the policy is
-    read now, and the caller's parameters come from the row."""
-    requested = run.params.get("requested") if isinstance(run.params, dict) else None
-    params = requested if isinstance(requested, dict) else None
-    now = timezone.now()
-    policy = effective_policy(run.workspace, params if run.kind == RunKind.PRUNE else None)
-    run.params = {"now": now.isoformat(), **_policy_params(policy)}
-    run.save(update_fields=["params"])
-    announce_run(run, "started")
-    return _run(run, now=now, policy=policy, params=params, progress=None, batch_size=batch_size)
-
-
-def _run(
+def execute_run(
     run: MaintenanceRun,
     *,
     now: datetime,
@@ -700,7 +385,7 @@ def _run(
     recorder = Progress(run, kind)
     holder = lease.new_holder()
     if not lease.acquire(workspace, holder=holder, now=timezone.now(), run=run):
-        return _finish(run, RunStatus.SKIPPED, None, error=LEASE_HELD)
+        return finish_run(run, RunStatus.SKIPPED, None, error=LEASE_HELD)
     try:
         fail_abandoned_runs(workspace, before=run.started_at, holder_run=run)
         ctx = RunContext(
@@ -725,7 +410,7 @@ def _run(
         proposing = policy.proposes and any(plan.counts[k] for k in PROPOSING)
         breaker = {"would_trip": blocked, "tombstones": plan.tombstones, "live": live_entries}
         if blocked and not force and not policy.proposes:
-            return _finish(
+            return finish_run(
                 run,
                 RunStatus.BLOCKED,
                 plan,
@@ -737,8 +422,8 @@ def _run(
         if dry_run:
             if proposing:
                 plan.proposed = True
-                return _finish(run, RunStatus.PROPOSED, plan, extra={"breaker": breaker})
-            return _finish(run, RunStatus.SUCCEEDED, plan)
+                return finish_run(run, RunStatus.PROPOSED, plan, extra={"breaker": breaker})
+            return finish_run(run, RunStatus.SUCCEEDED, plan)
         backup_made = False
 
         def ensure_backup() -> None:
@@ -765,7 +450,7 @@ def _run(
                 raise
             except Exception as exc:
                 log.exception("pre-prune backup failed; run %s changes nothing", run.pk)
-                return _finish(run, RunStatus.FAILED, None, error=f"pre-prune backup failed: {exc}")
+                return finish_run(run, RunStatus.FAILED, None, error=f"pre-prune backup failed: {exc}")
         ctx.before_destructive = ensure_backup
         if not policy.proposes:
             # The apply makes its own ids and details: the plan's (a million-entry first run's
@@ -773,7 +458,7 @@ def _run(
             del plan
             with lifecycle.coalesced():  # open pages hear of the changes once, not once per batch
                 applied = _execute(ctx, kind, progress, recorder=recorder)
-            return _finish(run, RunStatus.SUCCEEDED, applied)
+            return finish_run(run, RunStatus.SUCCEEDED, applied)
         # Propose mode: everything but the proposing passes applies (a purge past grace writes
         # its backup first, on demand); the proposing passes' plan becomes the proposal set.
         with lifecycle.coalesced():
@@ -782,12 +467,12 @@ def _run(
         keys = [key for key, _ in steps(kind) if key in PROPOSING]
         recorded = proposals.record(run, plan, keys=keys, policy=policy, now=now)
         status = RunStatus.PROPOSED if recorded else RunStatus.SUCCEEDED
-        return _finish(run, status, outcome, extra={"breaker": breaker})
+        return finish_run(run, status, outcome, extra={"breaker": breaker})
     except LeaseLost as exc:
-        return _finish(run, RunStatus.FAILED, None, error=str(exc))
+        return finish_run(run, RunStatus.FAILED, None, error=str(exc))
     except Exception as exc:
         log.exception("maintenance run %s failed", run.pk)
-        _finish(run, RunStatus.FAILED, None, error="".join(traceback.format_exception_only(exc)).strip())
+        finish_run(run, RunStatus.FAILED, None, error="".join(traceback.format_exception_only(exc)).strip())
         raise
     finally:
         lease.release(workspace, holder=holder)
@@ -802,14 +487,6 @@ def _write_backup(
 
     backup = backups.write_backup(workspace, reason="pre-prune", now=now, run=run, progress=progress)
     return backup.file_name
-
-
-def _policy_params(policy: PolicyValues) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    data = asdict(policy)
-    data["exclude_tags"] = list(policy.exclude_tags)
-    return data
 
 
 def _decay_details(outcome: Outcome, run: MaintenanceRun) -> dict[str, Any]:
@@ -830,54 +507,3 @@ def _decay_details(outcome: Outcome, run: MaintenanceRun) -> dict[str, Any]:
             for r in outcome.extra.get("expired_rows", [])
         ],
     }
-
-
-def decay_result(result: dict[str, Any]) -> dict[str, Any]:
-    """A decay sweep's result as POST /maintenance/sweep-decay and ``sweep_decay --json`` return it."""
-    sweep = result.get("sweep") or {"candidates_evaluated": 0, "evicted": [], "expired": []}
-    return {
-        "dry_run": result["dry_run"],
-        "candidates_evaluated": sweep["candidates_evaluated"],
-        "evicted": sweep["evicted"],
-        "expired": sweep["expired"],
-        "hard_deleted": result["counts"]["hard_deleted"],
-        "run_id": result["run_id"],
-        "status": result["status"],
-    }
-
-
-def prune_result(result: dict[str, Any]) -> dict[str, Any]:
-    """A prune run's result as POST /maintenance/prune and ``prune --json`` return it."""
-    counts = result["counts"]
-    return {
-        "success": result["status"] in (RunStatus.SUCCEEDED, RunStatus.PROPOSED),
-        "archived_count": counts["archived"],
-        "pruned_count": counts["pruned"],
-        "hard_deleted_count": counts["hard_deleted"],
-        "backup_file": result["backup_file"],
-        "dry_run": result["dry_run"],
-        "run_id": result["run_id"],
-        "status": result["status"],
-    }
-
-
-# --- dry runs in the request -------------------------------------------------------------
-
-INLINE_DRY_RUN_MAX_ENTRIES = 2000
-
-
-def inline_dry_run_max() -> int:
-    """Latest entries up to which a dry run is worked in the request (setting
-    ``MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES``)."""
-    return int(getattr(settings, "MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES", INLINE_DRY_RUN_MAX_ENTRIES))
-
-
-def runs_inline(workspace: Any, *, dry_run: bool) -> bool:
-    """A dry run of a small workspace is worked in the request; everything else is queued. The
-    count stops at the limit: one bounded query however large the workspace is."""
-    if not dry_run:
-        return False
-    limit = inline_dry_run_max()
-    return (
-        Entry.objects.filter(workspace=workspace, is_latest=True).values("pk")[: limit + 1].count() <= limit
-    )

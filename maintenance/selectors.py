@@ -10,8 +10,17 @@ from typing import Any, overload
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Substr
 
-from maintenance import hygiene
-from maintenance.models import Backup, Dispute, DisputeStatus, MaintenanceRun, RunDaySummary, RunKind
+from maintenance import hygiene_text
+from maintenance.models import (
+    Backup,
+    Dispute,
+    DisputeStatus,
+    MaintenanceRun,
+    RunDaySummary,
+    RunKind,
+    RunStatus,
+)
+from maintenance.run_results import AFFECTED_LISTS, affected_lists
 from memory.errors import NotFound
 from memory.models import CodeAnchor, Entry, LifecycleEvent, Relationship, Tag, Tombstone, Workspace
 from memory.models.choices import AnchorStatus, Status
@@ -72,8 +81,6 @@ EVENT_STATUS_OF = {"archived": Status.ARCHIVED, "tombstoned": Status.TOMBSTONED,
 def affected_totals(run: MaintenanceRun) -> dict[str, int]:
     """How many entries each action of the run has (the run's ``affected_total``, or, on a row
     recorded before runs kept it, the length of its lists)."""
-    from maintenance.runs import AFFECTED_LISTS, affected_lists
-
     totals = run.affected_total
     if isinstance(totals, dict) and totals:
         return {k: int(totals.get(k) or 0) for k in AFFECTED_LISTS}
@@ -84,8 +91,6 @@ def affected_totals(run: MaintenanceRun) -> dict[str, int]:
 def changed_entries(run: MaintenanceRun) -> bool:
     """Whether the run may have changed entries: not a dry run and not blocked by the circuit
     breaker (those name what they would have changed, on their record)."""
-    from maintenance.models import RunStatus
-
     return not run.dry_run and run.status != RunStatus.BLOCKED
 
 
@@ -98,8 +103,6 @@ class AffectedIds(Sequence[int]):
     the first ``AFFECTED_KEPT`` of each (``complete`` False when there were more)."""
 
     def __init__(self, run: MaintenanceRun, action: str, total: int | None = None) -> None:
-        from maintenance.runs import affected_lists
-
         self.run = run
         self.action = action
         self.from_events = changed_entries(run) and action in EVENT_STATUS_OF
@@ -237,7 +240,7 @@ def workspace_stats(workspace: Workspace) -> dict[str, Any]:
 EXCERPT_CHARS = 240  # of an entry's text, in the tables of candidates and changes
 
 
-def hygiene_rows(candidates: Sequence[hygiene.Candidate]) -> list[dict[str, Any]]:
+def hygiene_rows(candidates: Sequence[hygiene_text.Candidate]) -> list[dict[str, Any]]:
     """One page of candidates with what the table shows (one query)."""
     rows = {
         r["pk"]: r

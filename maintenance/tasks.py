@@ -33,16 +33,8 @@ from django_q.tasks import async_task
 
 from maintenance import hygiene, lease
 from maintenance.models import MaintenanceLease, MaintenanceRun, RunKind, RunStatus, RunTrigger
-from maintenance.runs import (
-    LEASE_HELD,
-    QUEUED_GIVEN_UP_AFTER,
-    QUEUED_GIVEN_UP_ERROR,
-    fail_lost_queued,
-    queue_run,
-    record_refused,
-    run_maintenance,
-    start_queued,
-)
+from maintenance.run_start import queue_run, record_refused, run_maintenance, start_queued
+from maintenance.runs import LEASE_HELD, QUEUED_GIVEN_UP_AFTER, QUEUED_GIVEN_UP_ERROR, fail_lost_queued
 from maintenance.signals import announce_run
 from memory.errors import Unavailable
 from memory.models import Workspace
@@ -397,7 +389,7 @@ def run_scheduled(workspace_id: int, kind: str) -> dict[str, Any] | None:
 
 
 def enqueue_run(run: MaintenanceRun) -> None:
-    """Hand a ``queued`` run (``maintenance.runs.queue_run``) to the worker. With the ORM broker
+    """Hand a ``queued`` run (``maintenance.run_start.queue_run``) to the worker. With the ORM broker
     (the default) the task is a row written in the caller's transaction, so the run and its
     task are committed together or not at all; with another broker it is sent once the run's
     row is committed, so the worker always finds it."""

@@ -30,6 +30,7 @@ from memory.models import Entry, Workspace
 from memory.models.choices import Status
 from memory.models.entries import count_index
 from memory.search_query import ParsedQuery, parse_query
+from memory.selectors import bounded_count
 
 Q_MAX = 500  # characters
 LIMIT_MAX = 500  # the bounds of every list page (api.schemas.PAGE_MAX, OFFSET_MAX)
@@ -147,8 +148,6 @@ class _Found:
 
 def _visible(workspace_id: int, statuses: list[str]) -> int:
     """The workspace's latest entries a search may return (exact up to 10,000, then cached)."""
-    from memory.selectors import bounded_count  # selectors imports models that import this
-
     rows = Entry.objects.filter(workspace_id=workspace_id, is_latest=True, status__in=statuses)
     return bounded_count(
         rows.on_index(count_index(statuses)).order_by(), key=f"search-visible:{workspace_id}:{statuses!r}"

@@ -310,7 +310,7 @@ def _run(
 ) -> dict[str, Any]:
     from django.db import connection
 
-    from maintenance.runs import run_maintenance
+    from maintenance.run_start import run_maintenance
     from memory.models import Workspace
 
     def slowly(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:

@@ -11,10 +11,11 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from api.maintenance_schemas import CountsOut, PolicyIn, PolicyOut
+from api.maintenance_schemas import CountsOut
+from api.policy_schemas import PolicyIn, PolicyOut
 from maintenance.lease import acquire, new_holder
 from maintenance.models import Backup, MaintenanceRun
-from maintenance.runs import COUNT_KEYS, rows_done
+from maintenance.run_results import COUNT_KEYS, rows_done
 from memory import accounts, entry_changes, new_entries, relationships
 from memory.models import ApiKey, Entry, Tombstone
 from memory.policy import LIMITS

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from maintenance.lease import acquire, new_holder
 from maintenance.models import MaintenanceRun, Proposal
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory import accounts, holds, new_entries
 from memory.models import Entry, LifecycleEvent
 from memory.policy_model import MaintenancePolicy

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from maintenance import backups
+from maintenance import backup_files, restore
 from maintenance.models import MaintenanceRun
 from maintenance.revert import revert_run
 from memory.models import Entry, LifecycleEvent, Tombstone, Workspace
@@ -57,9 +57,9 @@ def test_a_sqlite_backup_restores_every_column_and_its_runs_stay_revertible(
         },
     }
 
-    source = backups.resolve_backup(name, "w")
-    assert source == backups.StoredBackup(f"w/{name}")
-    backups.restore_backup(source)
+    source = backup_files.resolve_backup(name, "w")
+    assert source == backup_files.StoredBackup(f"w/{name}")
+    restore.restore_backup(source)
 
     after = dump_workspace("w")
     assert after.keys() == before.keys()

@@ -19,7 +19,7 @@ from django.core.management import call_command
 from django.test import Client
 
 from config.settings import backup_storage
-from maintenance import backups, purge_now
+from maintenance import backup_files, backups, purge_now, restore
 from maintenance.models import Backup
 from memory import accounts, entry_changes, new_entries
 from memory.models import Entry
@@ -76,9 +76,9 @@ def test_a_backup_is_written_to_and_restored_from_an_in_memory_storage(workspace
     assert json.loads(gzip.decompress(data).splitlines()[0])["workspace"] == "acme"
 
     Entry.objects.filter(pk=entries[0].pk).delete()
-    source = backups.resolve_backup(backup.file_name, "acme")
-    assert source == backups.StoredBackup(name)
-    result = backups.restore_backup(source)
+    source = backup_files.resolve_backup(backup.file_name, "acme")
+    assert source == backup_files.StoredBackup(name)
+    result = restore.restore_backup(source)
     assert result["restored"]["entry"] == 1
     assert result["file"] == name
     assert Entry.objects.filter(pk=entries[0].pk).exists()
@@ -112,7 +112,7 @@ def test_a_purge_writes_its_pre_prune_backup_to_the_storage(workspace, in_memory
     (backup,) = Backup.objects.filter(workspace=workspace)
     assert backup.reason == "pre-prune"
     assert in_memory.exists(f"acme/{backup.file_name}")
-    _, rows, _ = backups.read_backup(backups.stored_backup(backup))
+    _, rows, _ = backup_files.read_backup(backup_files.stored_backup(backup))
     assert entry.pk in {r["id"] for r in rows["entry"]}
 
 
@@ -139,15 +139,15 @@ def test_a_failed_write_leaves_nothing_in_the_storage(workspace, in_memory, monk
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(Backup.objects, "create", refuse)
-    with pytest.raises(backups.BackupError, match="No space left"):
+    with pytest.raises(backup_files.BackupError, match="No space left"):
         backups.write_backup(workspace, now=NOW)
     assert in_memory.listdir("acme") == ([], [])
 
 
 def test_an_unknown_name_is_no_stored_backup(workspace, in_memory):
-    assert backups.resolve_backup("nope.jsonl.gz", "acme") == Path("nope.jsonl.gz")
-    with pytest.raises(backups.BackupError, match="no such backup"):
-        backups.read_backup(backups.StoredBackup("acme/nope.jsonl.gz"))
+    assert backup_files.resolve_backup("nope.jsonl.gz", "acme") == Path("nope.jsonl.gz")
+    with pytest.raises(backup_files.BackupError, match="no such backup"):
+        backup_files.read_backup(backup_files.StoredBackup("acme/nope.jsonl.gz"))
 
 
 def test_no_code_uses_backup_dir_but_the_default_storage():

@@ -22,9 +22,10 @@ from django.core.management import CommandError, call_command
 from django.db import connection, models
 from django.test.utils import CaptureQueriesContext
 
-from maintenance import backups
-from maintenance.backups import BackupError, RestoreRefused
+from maintenance import backup_files, backups, restore, restore_rows
+from maintenance.backup_files import BackupError
 from maintenance.models import Backup, Dispute, MaintenanceLease, MaintenanceRun, Proposal, RunDaySummary
+from maintenance.restore import RestoreRefused
 from memory import entry_changes, entry_signals, new_entries, relationships
 from memory.errors import InvalidInput
 from memory.journal_export import export_records
@@ -204,7 +205,7 @@ def test_a_wiped_workspace_comes_back_row_for_row(workspace, now):
     backup = backups.write_backup(workspace, now=now)
     wipe(workspace)
 
-    result = backups.restore_backup(backup_path(backup))
+    result = restore.restore_backup(backup_path(backup))
 
     assert dump(workspace) == before
     assert list(export_records(workspace)) == exported
@@ -220,7 +221,7 @@ def test_a_deleted_workspace_is_created_again_with_its_slug_name_and_ids(workspa
     path = backup_path(backups.write_backup(workspace, now=now))
     Workspace.objects.filter(pk=workspace.pk).delete()  # runs go with it
 
-    result = backups.restore_backup(path)
+    result = restore.restore_backup(path)
 
     restored = Workspace.objects.get(slug="acme")
     assert result["created_workspace"] is True
@@ -235,12 +236,12 @@ def test_lines_split_across_every_read_come_back_whole(workspace, now, monkeypat
     populate(workspace, now)
     path = backup_path(backups.write_backup(workspace, now=now))
     expected = read_lines(path)
-    monkeypatch.setattr(backups, "_FILE_CHUNK", 7)  # a line spans many reads
+    monkeypatch.setattr(backup_files, "_FILE_CHUNK", 7)  # a line spans many reads
 
     with gzip.open(path, "rb") as handle:
-        assert list(backups._lines(handle)) == expected
+        assert list(backup_files._lines(handle)) == expected
     entries = Entry.objects.filter(workspace=workspace).count()
-    assert backups.read_backup(path)[2]["counts"]["entry"] == entries
+    assert backup_files.read_backup(path)[2]["counts"]["entry"] == entries
 
 
 def test_restoring_into_the_unchanged_workspace_writes_nothing(workspace, now):
@@ -249,7 +250,7 @@ def test_restoring_into_the_unchanged_workspace_writes_nothing(workspace, now):
     path = backup_path(backups.write_backup(workspace, now=now))
 
     with CaptureQueriesContext(connection) as queries:
-        result = backups.restore_backup(path)
+        result = restore.restore_backup(path)
 
     writes = [q["sql"] for q in queries if q["sql"].split()[0].upper() in ("INSERT", "UPDATE", "DELETE")]
     assert writes == []
@@ -267,25 +268,25 @@ def test_the_writing_scan_recognises_unchanged_rows_by_their_bytes_and_parses_on
     assert changed is not None
     Entry.objects.filter(pk=changed.pk).update(title="changed since")
     parsed: list[str] = []
-    parse = backups._parse_line
+    parse = backup_files.parse_line
 
     def counting(raw: bytes, *loads: Any) -> dict[str, Any]:
         data = parse(raw, *loads)
         parsed.append(data["kind"])
         return data
 
-    scan = backups._scan
+    scan = backup_files.scan
 
     def writing_scan_only(path, on_row, progress=None, **options):
         if options.get("on_line") is not None:
-            monkeypatch.setattr(backups, "_parse_line", counting)
+            monkeypatch.setattr(backup_files, "parse_line", counting)
         return scan(path, on_row, progress, **options)
 
-    monkeypatch.setattr(backups, "_scan", writing_scan_only)
+    monkeypatch.setattr(backup_files, "scan", writing_scan_only)
 
-    result = backups.restore_backup(path, force=True)
+    result = restore.restore_backup(path, force=True)
 
-    by_bytes = {k: n for k, n in Counter(parsed).items() if k in backups._BY_BYTES}
+    by_bytes = {k: n for k, n in Counter(parsed).items() if k in backup_files._BY_BYTES}
     assert by_bytes == {"entry": 1}  # only the changed entry's line was parsed
     assert result["overwritten"]["entry"] == 1
     assert Entry.objects.get(pk=changed.pk).title == changed.title
@@ -296,7 +297,7 @@ def test_a_backup_holds_every_row_of_its_workspace_and_none_of_another(workspace
     populate(other_workspace, now)
     backup = backups.write_backup(workspace, now=now)
 
-    header, rows, trailer = backups.read_backup(backup_path(backup))
+    header, rows, trailer = backup_files.read_backup(backup_path(backup))
 
     assert header["workspace"] == "acme"
     assert header["reason"] == "manual"
@@ -322,13 +323,13 @@ def test_every_table_of_a_workspace_is_in_the_backup_or_deliberately_left_out():
         for m in apps.get_models()
         if any(f.is_relation and f.related_model is Workspace for f in m._meta.concrete_fields)
     }
-    assert scoped - left_out == {k.model for k in backups.KINDS if k.scoped}
-    assert set(MODELS.values()) == {k.model for k in backups.KINDS}
+    assert scoped - left_out == {k.model for k in backup_files.KINDS if k.scoped}
+    assert set(MODELS.values()) == {k.model for k in backup_files.KINDS}
 
 
 def test_every_reference_of_a_backed_up_row_points_inside_the_backup():
-    inside = {k.model for k in backups.KINDS} | {Workspace}
-    for kind in backups.KINDS:
+    inside = {k.model for k in backup_files.KINDS} | {Workspace}
+    for kind in backup_files.KINDS:
         for f in kind.model._meta.concrete_fields:
             if f.is_relation:
                 assert f.related_model in inside, f"{kind.name}.{f.name}"
@@ -346,7 +347,7 @@ def test_it_refuses_to_overwrite_an_entry_changed_after_the_backup(workspace, no
     before = dump(workspace)
 
     with pytest.raises(RestoreRefused, match=r"changed after .* use --force"):
-        backups.restore_backup(path)
+        restore.restore_backup(path)
 
     assert dump(workspace) == before
 
@@ -359,20 +360,20 @@ def test_an_access_recorded_after_the_backup_counts_as_newer_data(workspace, now
     )
 
     with pytest.raises(RestoreRefused, match="access: 1"):
-        backups.restore_backup(path)
+        restore.restore_backup(path)
 
 
 @pytest.fixture
 def small_batches(monkeypatch):
     """The restore writes in chunks of two rows: every chunk boundary is crossed many times."""
-    monkeypatch.setattr(backups, "BATCH", 2)
+    monkeypatch.setattr(restore, "BATCH", 2)
 
 
-@pytest.mark.parametrize("batch", [backups.BATCH, 1])
+@pytest.mark.parametrize("batch", [restore_rows.BATCH, 1])
 def test_force_overwrites_newer_data_and_keeps_what_was_written_after_the_backup(
     workspace, now, batch, monkeypatch
 ):
-    monkeypatch.setattr(backups, "BATCH", batch)
+    monkeypatch.setattr(restore, "BATCH", batch)
     made = populate(workspace, now)
     before = dump(workspace)
     path = backup_path(backups.write_backup(workspace, now=now))
@@ -382,7 +383,7 @@ def test_force_overwrites_newer_data_and_keeps_what_was_written_after_the_backup
     )
     newcomer = new_entries.entry_create(workspace=workspace, content="Written after the backup.", now=later)
 
-    result = backups.restore_backup(path, force=True)
+    result = restore.restore_backup(path, force=True)
 
     assert result["kept_newer"] == 2
     assert result["demoted_versions"] == 1
@@ -405,7 +406,7 @@ def test_entries_written_after_the_backup_are_kept_without_force(workspace, now)
     path = backup_path(backups.write_backup(workspace, now=now))
     newcomer = new_entries.entry_create(workspace=workspace, content="Written after the backup.", now=now)
 
-    result = backups.restore_backup(path)
+    result = restore.restore_backup(path)
 
     assert result["kept_newer"] == 1
     assert Entry.objects.filter(pk=newcomer.pk, is_latest=True).exists()
@@ -422,7 +423,7 @@ def test_rows_deleted_after_the_backup_come_back_and_a_recreated_tag_is_reused(w
     Relationship.objects.filter(pk=made["link"].pk).delete()
     recreated = Tag.objects.get(workspace=workspace, name="deploy")
 
-    result = backups.restore_backup(path)
+    result = restore.restore_backup(path)
 
     assert result["restored"]["relationship"] == 1
     assert result["restored"]["tag"] == 0
@@ -448,7 +449,7 @@ def test_an_id_held_by_another_workspace_refuses_the_restore_even_with_force(wor
     before = (dump(workspace), dump(other_workspace))
 
     with pytest.raises(RestoreRefused, match=r"1 row\(s\) .* held by another workspace \(entry: 1\)"):
-        backups.restore_backup(path, force=True)
+        restore.restore_backup(path, force=True)
 
     assert (dump(workspace), dump(other_workspace)) == before
 
@@ -463,7 +464,7 @@ def test_a_run_that_finished_after_the_backup_is_left_as_it_is_without_force(wor
     )
     before = dump(workspace)
 
-    result = backups.restore_backup(path)
+    result = restore.restore_backup(path)
 
     assert (result["restored"]["run"], result["overwritten"]["run"]) == (0, 0)
     assert dump(workspace) == before
@@ -477,7 +478,7 @@ def test_a_run_whose_id_another_workspace_holds_is_not_restored_and_nothing_poin
     wipe(workspace)
     MaintenanceRun.objects.create(pk=made["run"].pk, workspace=other_workspace, kind="decay", trigger="cli")
 
-    result = backups.restore_backup(path)
+    result = restore.restore_backup(path)
 
     assert result["restored"]["run"] == 0
     assert MaintenanceRun.objects.get(pk=made["run"].pk).workspace_id == other_workspace.pk
@@ -491,7 +492,7 @@ def test_a_backup_is_restored_only_into_its_own_workspace(workspace, other_works
     path = backup_path(backups.write_backup(workspace, now=now))
 
     with pytest.raises(InvalidInput, match="backup of workspace 'acme', not 'globex'"):
-        backups.restore_backup(path, workspace_slug="globex")
+        restore.restore_backup(path, workspace_slug="globex")
 
 
 # --- damaged files -------------------------------------------------------------------------------
@@ -514,7 +515,7 @@ def test_a_tampered_backup_is_refused_and_changes_nothing(workspace, wiped_backu
     before = dump(workspace)
 
     with pytest.raises(BackupError, match="checksum mismatch"):
-        backups.restore_backup(wiped_backup)
+        restore.restore_backup(wiped_backup)
 
     assert dump(workspace) == before
 
@@ -527,15 +528,15 @@ def test_a_restore_holds_one_chunk_of_rows_at_a_time_and_brings_everything_back(
     path = backup_path(backups.write_backup(workspace, now=now))
     wipe(workspace)
     sizes: list[int] = []
-    plan_rows = backups._plan_rows
+    plan_rows = restore.plan_rows
 
     def spy(kind, rows, *args, **kwargs):
         sizes.append(len(rows))
         return plan_rows(kind, rows, *args, **kwargs)
 
-    monkeypatch.setattr(backups, "_plan_rows", spy)
+    monkeypatch.setattr(restore, "plan_rows", spy)
 
-    result = backups.restore_backup(path)
+    result = restore.restore_backup(path)
 
     assert dump(workspace) == before
     assert result["restored"] == {name: len(rows) for name, rows in before.items() if name != "workspace"}
@@ -545,7 +546,7 @@ def test_a_restore_holds_one_chunk_of_rows_at_a_time_and_brings_everything_back(
 def change_after_the_first_scan(monkeypatch, change) -> list[Path]:
     """Let a restore's verifying scan pass, then ``change(path)`` its file before the writing
     scan reads it; returns the list of scans begun."""
-    scan = backups._scan
+    scan = backup_files.scan
     scans: list[Path] = []
 
     def scan_then_change(path, on_row, progress=None, **options):
@@ -555,7 +556,7 @@ def change_after_the_first_scan(monkeypatch, change) -> list[Path]:
             change(path)
         return result
 
-    monkeypatch.setattr(backups, "_scan", scan_then_change)
+    monkeypatch.setattr(backup_files, "scan", scan_then_change)
     return scans
 
 
@@ -563,8 +564,8 @@ def test_a_file_altered_between_the_verifying_and_the_writing_scan_restores_noth
     workspace, wiped_backup, small_batches, monkeypatch
 ):
     writes: list[int] = []
-    insert = backups._insert
-    monkeypatch.setattr(backups, "_insert", lambda *a: (writes.append(1), insert(*a))[1])
+    insert = restore.insert_rows
+    monkeypatch.setattr(restore, "insert_rows", lambda *a: (writes.append(1), insert(*a))[1])
 
     def alter(path: Path) -> None:
         data = bytearray(gzip.decompress(path.read_bytes()))
@@ -575,7 +576,7 @@ def test_a_file_altered_between_the_verifying_and_the_writing_scan_restores_noth
     before = dump(workspace)
 
     with pytest.raises(BackupError, match="checksum mismatch"):
-        backups.restore_backup(wiped_backup)
+        restore.restore_backup(wiped_backup)
 
     assert len(scans) == 2 and writes  # the writing scan wrote rows before it found the change
     assert dump(workspace) == before
@@ -593,7 +594,7 @@ def test_a_file_replaced_between_the_scans_by_another_valid_backup_restores_noth
     before = dump(workspace)
 
     with pytest.raises(BackupError, match="changed while it was restored"):
-        backups.restore_backup(path)
+        restore.restore_backup(path)
 
     assert len(scans) == 2
     assert dump(workspace) == before
@@ -612,7 +613,7 @@ def test_a_line_broken_between_the_scans_stops_the_restore_as_a_changed_file(
     before = dump(workspace)
 
     with pytest.raises(BackupError, match="changed while it was restored"):
-        backups.restore_backup(wiped_backup)
+        restore.restore_backup(wiped_backup)
 
     assert dump(workspace) == before
 
@@ -629,7 +630,7 @@ def test_newer_data_refuses_before_a_write_can_fail_in_its_place(workspace, now,
     before = dump(workspace)
 
     with pytest.raises(RestoreRefused, match="use --force"):
-        backups.restore_backup(path)
+        restore.restore_backup(path)
 
     assert dump(workspace) == before
 
@@ -648,7 +649,7 @@ def test_a_clash_in_the_last_rows_refuses_the_restore_after_writing_and_leaves_n
     before = (dump(workspace), dump(other_workspace))
 
     with pytest.raises(RestoreRefused, match=r"1 row\(s\) .* held by another workspace \(event: 1\)"):
-        backups.restore_backup(path, force=True)
+        restore.restore_backup(path, force=True)
 
     assert (dump(workspace), dump(other_workspace)) == before
 
@@ -657,7 +658,7 @@ def test_a_backup_without_its_trailer_is_refused_as_truncated(workspace, wiped_b
     write_lines(wiped_backup, read_lines(wiped_backup)[:-1])
 
     with pytest.raises(BackupError, match=r"truncated \(no trailer\)"):
-        backups.restore_backup(wiped_backup)
+        restore.restore_backup(wiped_backup)
     assert not Entry.objects.filter(workspace=workspace).exists()
 
 
@@ -666,7 +667,7 @@ def test_a_backup_cut_off_mid_stream_is_refused_as_truncated(wiped_backup):
     wiped_backup.write_bytes(data[: len(data) // 2])
 
     with pytest.raises(BackupError, match="truncated"):
-        backups.read_backup(wiped_backup)
+        backup_files.read_backup(wiped_backup)
 
 
 def test_a_backup_whose_counts_disagree_with_its_rows_is_refused(wiped_backup):
@@ -676,7 +677,7 @@ def test_a_backup_whose_counts_disagree_with_its_rows_is_refused(wiped_backup):
     write_lines(wiped_backup, [*lines[:-1], (json.dumps(trailer) + "\n").encode()])
 
     with pytest.raises(BackupError, match="counts mismatch"):
-        backups.read_backup(wiped_backup)
+        backup_files.read_backup(wiped_backup)
 
 
 def test_a_row_dropped_and_re_signed_still_fails_the_counts(wiped_backup):
@@ -686,7 +687,7 @@ def test_a_row_dropped_and_re_signed_still_fails_the_counts(wiped_backup):
     write_lines(wiped_backup, with_fresh_checksum(dropped))
 
     with pytest.raises(BackupError, match="counts mismatch"):
-        backups.read_backup(wiped_backup)
+        backup_files.read_backup(wiped_backup)
 
 
 def test_a_file_that_is_not_a_backup_is_refused(tmp_path):
@@ -696,11 +697,11 @@ def test_a_file_that_is_not_a_backup_is_refused(tmp_path):
     not_gzip.write_text("hello")
 
     with pytest.raises(BackupError, match="not a backup file"):
-        backups.read_backup(plain)
+        backup_files.read_backup(plain)
     with pytest.raises(BackupError, match="not a readable backup"):
-        backups.read_backup(not_gzip)
+        backup_files.read_backup(not_gzip)
     with pytest.raises(BackupError, match="no such backup file"):
-        backups.read_backup(tmp_path / "missing.jsonl.gz")
+        backup_files.read_backup(tmp_path / "missing.jsonl.gz")
 
 
 # --- naming, retention and failures --------------------------------------------------------------
@@ -746,7 +747,7 @@ def test_a_backup_folder_that_cannot_be_created_fails_cleanly(workspace, setting
 
 def test_a_serialisation_failure_midway_leaves_no_file_and_no_row(workspace, monkeypatch, now):
     populate(workspace, now)
-    real_line = backups._line
+    real_line = backups.encode_line
     calls = 0
 
     def failing_line(obj: dict[str, Any]) -> bytes:
@@ -756,7 +757,7 @@ def test_a_serialisation_failure_midway_leaves_no_file_and_no_row(workspace, mon
             raise ValueError("Out of range float values are not JSON compliant")
         return real_line(obj)
 
-    monkeypatch.setattr(backups, "_line", failing_line)
+    monkeypatch.setattr(backups, "encode_line", failing_line)
 
     with pytest.raises(BackupError, match="not JSON compliant"):
         backups.write_backup(workspace, now=now)
@@ -791,7 +792,7 @@ def test_a_full_disk_under_the_compressing_thread_leaves_no_file_and_no_row(work
 
 def test_a_float_json_cannot_hold_fails_the_backup_by_name():
     row = {"id": 7, "importance": math.nan, "retention": 1.0, "impact_score": None}
-    entry = backups.KIND_BY_NAME["entry"]
+    entry = backup_files.KIND_BY_NAME["entry"]
     with pytest.raises(ValueError, match="entry 7: importance is nan"):
         backups._finite(entry, {**{name: 0.5 for name in entry.floats}, **row})
     assert backups._finite(entry, {name: 0.5 for name in entry.floats}) is not None
@@ -817,7 +818,7 @@ def test_metadata_beyond_64_bit_integers_and_any_unicode_round_trips(workspace, 
     backup = backups.write_backup(workspace, now=now)
     wipe(workspace)
 
-    backups.restore_backup(backup_path(backup))
+    restore.restore_backup(backup_path(backup))
 
     assert dump(workspace) == before
     assert Entry.objects.get(pk=entry.pk).metadata == metadata
@@ -945,11 +946,14 @@ def test_progress_hears_of_every_row_written_and_read(workspace, now):
     import_journal(workspace=workspace, path=SAMPLE_PATH, now=now)
     written: list[int] = []
     backup = backups.write_backup(workspace, reason="manual", now=now, progress=written.append)
-    _, _, trailer = backups.read_backup(folder(workspace) / backup.file_name)
+    _, _, trailer = backup_files.read_backup(folder(workspace) / backup.file_name)
     assert sum(written) == sum(trailer["counts"].values()) + 1  # + the header line
     read: list[int] = []
-    backups.read_backup(folder(workspace) / backup.file_name, progress=read.append)
-    assert sum(read) == (sum(trailer["counts"].values()) + 2) // backups.READ_CHUNK * backups.READ_CHUNK
+    backup_files.read_backup(folder(workspace) / backup.file_name, progress=read.append)
+    assert (
+        sum(read)
+        == (sum(trailer["counts"].values()) + 2) // backup_files.READ_CHUNK * backup_files.READ_CHUNK
+    )
 
 
 @pytest.mark.parametrize("write_batch", [1, 1000])
@@ -958,7 +962,7 @@ def test_overwritten_columns_of_every_type_come_back_exactly(workspace, now, mon
     datetimes set and cleared, booleans, integers, text, nulls), in groups of different changed
     columns, written back by the restore's batched UPDATE (one statement per batch of rows on
     PostgreSQL, column values as arrays)."""
-    monkeypatch.setattr(backups, "WRITE_BATCH", write_batch)
+    monkeypatch.setattr(restore_rows, "WRITE_BATCH", write_batch)
     populate(workspace, now)
     entries = list(Entry.objects.filter(workspace=workspace).order_by("pk"))
     assert len(entries) >= 3
@@ -978,7 +982,7 @@ def test_overwritten_columns_of_every_type_come_back_exactly(workspace, now, mon
     )
     Entry.objects.filter(pk=entries[2].pk).update(trust_score=0.0, expires_at=later, last_feedback="wrong")
 
-    result = backups.restore_backup(path, force=True)
+    result = restore.restore_backup(path, force=True)
 
     assert result["overwritten"]["entry"] == 3
     after = dump(workspace)
@@ -997,7 +1001,7 @@ def test_a_write_that_fails_while_the_next_chunk_is_compared_restores_nothing(
     path = backup_path(backups.write_backup(workspace, now=now))
     Entry.objects.filter(workspace=workspace).update(title="changed after the backup")
     before = dump(workspace)
-    written = backups._update
+    written = restore.update_rows
     calls: list[int] = []
 
     def refused_second(kind: Any, updates: Any, ws_id: int) -> None:
@@ -1007,8 +1011,8 @@ def test_a_write_that_fails_while_the_next_chunk_is_compared_restores_nothing(
             with connection.cursor() as cursor:
                 cursor.execute(f"INSERT INTO {Tag._meta.db_table} (workspace_id, name) VALUES (NULL, NULL)")
 
-    monkeypatch.setattr(backups, "_update", refused_second)
+    monkeypatch.setattr(restore, "update_rows", refused_second)
     with pytest.raises(BackupError, match="does not fit the rows written since"):
-        backups.restore_backup(path, force=True)
+        restore.restore_backup(path, force=True)
     assert len(calls) == 2
     assert dump(workspace) == before

@@ -9,7 +9,7 @@ import pytest
 
 from maintenance.models import MaintenanceRun, RunDaySummary
 from maintenance.revert import revert_run
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory import accounts, entry_changes, new_entries
 from memory.models import Entry, LifecycleEvent, Tombstone
 from memory.policy_model import MaintenancePolicy

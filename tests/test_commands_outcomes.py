@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from maintenance.models import MaintenanceLease
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory import accounts, holds, journal_import, new_entries
 from memory.models import Entry
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from maintenance import proposals
 from maintenance.models import MaintenanceLease, Proposal
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory import entry_changes, entry_signals, holds, new_entries
 from memory.models import Entry, LifecycleEvent
 

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from maintenance.compaction import digest
 from maintenance.models import MaintenanceRun
 from maintenance.revert import revert_run
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory import new_entries
 from memory.models import Entry, LifecycleEvent, Relationship
 from memory.models.choices import CONTENT_MAX

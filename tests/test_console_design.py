@@ -13,7 +13,7 @@ from django.test import Client
 
 from console.selectors import LABEL_CHARS, entry_label
 from console.templatetags.steward import excerpt_after_label
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory import entry_changes, new_entries
 from memory.models import Entry, Workspace
 from memory.policy_model import MaintenancePolicy

@@ -19,7 +19,7 @@ from console import charts
 from console import selectors as console_selectors
 from maintenance.lease import acquire, new_holder
 from maintenance.models import MaintenanceRun, RunStatus
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory import accounts, entry_changes, new_entries
 from memory.models import Entry, LifecycleEvent, Workspace
 from memory.models.choices import Status

@@ -17,7 +17,7 @@ from django.test import Client
 
 from console import live
 from maintenance.models import Proposal, ProposalStatus
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory import accounts, entry_changes, holds, new_entries
 from memory.models import Entry, LifecycleEvent, Workspace
 from memory.policy_model import MaintenancePolicy

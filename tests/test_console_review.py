@@ -15,7 +15,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from maintenance.models import Dispute, MaintenanceRun, RunDaySummary
-from maintenance.runs import COUNT_KEYS, run_maintenance
+from maintenance.run_results import COUNT_KEYS
+from maintenance.run_start import run_maintenance
 from memory import accounts, entry_changes, new_entries, relationships
 from memory.models import Entry, LifecycleEvent, Relationship, Tombstone, Workspace
 from memory.policy_model import MaintenancePolicy

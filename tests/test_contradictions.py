@@ -12,8 +12,9 @@ from django.test.utils import CaptureQueriesContext
 from maintenance import contradictions
 from maintenance.contradictions import conflict, jaccard, polarity, signature
 from maintenance.models import Dispute, MaintenanceRun
-from maintenance.passes import RunContext
-from maintenance.runs import effective_policy, run_maintenance
+from maintenance.pass_tools import RunContext
+from maintenance.run_results import effective_policy
+from maintenance.run_start import run_maintenance
 from memory import entry_changes, new_entries, relationships
 from memory.errors import Conflict, InvalidInput, NotFound
 from memory.models import Entry, LifecycleEvent, Relationship

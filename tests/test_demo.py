@@ -9,7 +9,7 @@ from django.core.management import call_command
 
 from maintenance import proposals
 from maintenance.models import Proposal
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory.models import Entry, LifecycleEvent, Membership, Workspace
 from memory.policy_model import MaintenancePolicy
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from maintenance import backups
+from maintenance import backups, restore
 from memory import new_entries, selectors
 from memory.models import Entry, EntryScore
 from memory.models.entries import RETENTION_UNSCORED
@@ -132,7 +132,7 @@ def test_a_backup_carries_no_scores_row_and_a_restore_brings_entries_back_unscor
     assert entry_rows and all("retention" not in row and "scored_at" not in row for row in entry_rows)
     wipe(workspace)
 
-    backups.restore_backup(path)
+    restore.restore_backup(path)
 
     assert dump(workspace) == before
     restored = Entry.objects.filter(workspace=workspace).select_related("score")
@@ -156,6 +156,6 @@ def test_a_backup_written_before_scores_moved_still_restores(workspace, now):
     write_lines(path, with_fresh_checksum([*lines, read_lines(path)[-1]]))
     wipe(workspace)
 
-    backups.restore_backup(path)
+    restore.restore_backup(path)
 
     assert dump(workspace) == before

@@ -13,8 +13,8 @@ from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from maintenance import hygiene
-from maintenance.hygiene import (
+from maintenance import hygiene, hygiene_actions, hygiene_text
+from maintenance.hygiene_text import (
     Reason,
     assess,
     code_heavy,
@@ -31,9 +31,9 @@ from maintenance.hygiene import (
     truncated_or_unbalanced,
 )
 from maintenance.models import HygieneAssessment, MaintenanceRun
-from maintenance.passes import RunContext
+from maintenance.pass_tools import RunContext
 from maintenance.revert import revert_run
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory import entry_changes, entry_signals, new_entries
 from memory.models import Entry, LifecycleEvent
 from memory.policy import clean_residue_patterns
@@ -535,7 +535,7 @@ def test_an_invalid_stored_pattern_is_ignored(workspace, now):
 def test_keep_hides_until_the_content_changes(workspace, other_workspace, now):
     entry = make(workspace, now, JUNK)
     foreign = make(other_workspace, now, JUNK)
-    assert hygiene.keep(workspace, [entry.pk, entry.pk, foreign.pk, 999999], actor="user:ann") == {
+    assert hygiene_actions.keep(workspace, [entry.pk, entry.pk, foreign.pk, 999999], actor="user:ann") == {
         "kept": [entry.pk],
         "skipped": [foreign.pk, 999999],
     }
@@ -571,7 +571,7 @@ def test_an_entry_is_a_candidate_only_from_score_two(workspace, now):
     assert listed == {both.pk: 2, short.pk: 3}
     assert imported.pk not in {c.id for c in hygiene.candidates(workspace)}
     assert code.pk not in listed
-    assert hygiene.apply(workspace, [imported.pk], actor="user:ann") == {
+    assert hygiene_actions.apply(workspace, [imported.pk], actor="user:ann") == {
         "archived": [],
         "skipped": [imported.pk],
     }
@@ -633,8 +633,8 @@ def test_stored_assessments_are_reused_until_title_content_or_patterns_change(wo
     assert "implementation_residue" in [r["code"] for r in listed[junk.pk]["reasons"]]
     # What is stored is exactly what the detectors say.
     fresh = {
-        e.pk: hygiene.assess(
-            title=e.title, content=e.content, source=e.source, patterns=hygiene._policy(workspace)[1]
+        e.pk: hygiene_text.assess(
+            title=e.title, content=e.content, source=e.source, patterns=hygiene.read_policy(workspace)[1]
         )
         for e in Entry.objects.filter(pk__in=listed)
     }
@@ -655,7 +655,7 @@ def test_apply_archives_only_fresh_candidates(workspace, other_workspace, now):
     assert set(ids(workspace)) == {junk.pk, dup.pk, pinned_since.pk}
     entry_changes.entry_set_pinned(workspace=workspace, entry_id=pinned_since.pk, pinned=True)
 
-    result = hygiene.apply(
+    result = hygiene_actions.apply(
         workspace,
         [junk.pk, dup.pk, junk.pk, clean.pk, foreign.pk, pinned_since.pk],
         actor="user:ann",
@@ -683,18 +683,18 @@ def test_apply_archives_only_fresh_candidates(workspace, other_workspace, now):
     assert [r["code"] for r in event.details["reasons"]] == ["incomplete_fragment", "truncated_or_unbalanced"]
 
     # already archived: skipped, never an error
-    assert hygiene.apply(workspace, [junk.pk], actor="user:ann", now=now) == {
+    assert hygiene_actions.apply(workspace, [junk.pk], actor="user:ann", now=now) == {
         "archived": [],
         "skipped": [junk.pk],
     }
-    assert hygiene.apply(workspace, [], actor="user:ann", now=now) == {"archived": [], "skipped": []}
+    assert hygiene_actions.apply(workspace, [], actor="user:ann", now=now) == {"archived": [], "skipped": []}
 
 
 def test_apply_refreshes_scores_of_the_archived_and_their_neighbours(workspace, now):
     target = make(workspace, now, GOOD + " neighbour")
     junk = new_entries.entry_create(workspace=workspace, content=JUNK, links=[{"to_id": target.pk}], now=now)
     set_scores([target.pk], scored_at=None)
-    hygiene.apply(workspace, [junk.pk], actor="user:ann", now=now + timedelta(hours=1))
+    hygiene_actions.apply(workspace, [junk.pk], actor="user:ann", now=now + timedelta(hours=1))
     assert Entry.objects.get(pk=target.pk).scored_at == now + timedelta(hours=1)
 
 
@@ -716,7 +716,7 @@ def test_pass_six_direct(workspace, other_workspace, now):
     review = make(workspace, now, "short note", age_days=31, source="import")  # 3 points
     foreign = make(other_workspace, now, JUNK, age_days=31)
     ctx = context(workspace, now)
-    result = hygiene.archive_low_quality(ctx)
+    result = hygiene_actions.archive_low_quality(ctx)
     assert result.ids == [junk.pk] and result.count == 1
     statuses = dict(Entry.objects.values_list("pk", "status"))
     assert statuses[junk.pk] == "archived"
@@ -739,7 +739,7 @@ def test_pass_six_query_count_is_bounded(workspace, now):
             make(workspace, now, f"half done {i}...", age_days=40)
         ctx = context(workspace, now)
         with CaptureQueriesContext(connection) as captured:
-            result = hygiene.archive_low_quality(ctx)
+            result = hygiene_actions.archive_low_quality(ctx)
         assert result.count == n
         return len(captured.captured_queries)
 
@@ -748,7 +748,7 @@ def test_pass_six_query_count_is_bounded(workspace, now):
 
 
 # The tests below go through run_maintenance: they need passes.archive_low_quality to call
-# hygiene.archive_low_quality (the lead's wiring in maintenance/passes.py).
+# hygiene_actions.archive_low_quality (the lead's wiring in maintenance/passes.py).
 
 
 def full_run(workspace, now, **kwargs):
@@ -783,7 +783,7 @@ def test_a_run_assesses_each_entry_once_and_its_plan_leaves_the_verdicts_stored(
     assert sorted(assessed) == sorted([JUNK, GOOD])
     assert list(Entry.objects.order_by("pk").values()) == before
     stored = dict(HygieneAssessment.objects.values_list("entry_id", "points"))
-    assert set(stored) == {e.pk for e in entries} and stored[entries[0].pk] >= hygiene.CANDIDATE_SCORE
+    assert set(stored) == {e.pk for e in entries} and stored[entries[0].pk] >= hygiene_text.CANDIDATE_SCORE
     assessed.clear()
     result = full_run(workspace, now)
     assert result["counts"]["low_quality_archived"] == 1 and assessed == []  # plan and apply read them
@@ -843,7 +843,7 @@ def test_full_run_spares_accessed_kept_and_protected_entries(workspace, now):
     make(workspace, now, "d half...", tier="constitutional")
     make(workspace, now, "e half...", tags=["keep-me"])
     kept = make(workspace, now, "f half...")
-    hygiene.keep(workspace, [kept.pk], actor="user:ann")
+    hygiene_actions.keep(workspace, [kept.pk], actor="user:ann")
     result = full_run(workspace, now)
     assert result["counts"]["low_quality_archived"] == 0
     assert not Entry.objects.filter(status="archived").exists()
@@ -951,9 +951,9 @@ def test_the_database_ranks_exactly_the_candidates_the_detectors_find(workspace,
             last_feedback=feedback,
             status=status,
         )
-    policy, patterns = hygiene._policy(workspace)
+    policy, patterns = hygiene.read_policy(workspace)
     by_python = sorted(
-        hygiene._scan(workspace, hygiene._eligible(workspace, policy), patterns),
+        hygiene.scan(workspace, hygiene.eligible_entries(workspace, policy), patterns),
         key=lambda c: (-c.score, c.created_at, c.id),
     )
     assert hygiene.candidates(workspace) == by_python
@@ -1000,7 +1000,7 @@ def test_filtered_pages_are_the_candidates_the_rules_pick(workspace, now):
     everything = hygiene.candidates(workspace)
     assert len(everything) >= 7
     for recommendation in (None, "archive", "review"):
-        for reason in (None, *hygiene.POINTS):
+        for reason in (None, *hygiene_text.POINTS):
             expected = [
                 c.id
                 for c in everything
@@ -1018,5 +1018,5 @@ def test_filtered_pages_are_the_candidates_the_rules_pick(workspace, now):
             ]
             assert pages == expected, (recommendation, reason)
     # Some filter leaves some out, every reason is met at least once.
-    assert {r.code for c in everything for r in c.reasons} == set(hygiene.POINTS)
+    assert {r.code for c in everything for r in c.reasons} == set(hygiene_text.POINTS)
     assert hygiene.page(workspace, limit=5, offset=1000) == (len(everything), [])

@@ -24,7 +24,7 @@ from django.test.utils import CaptureQueriesContext
 from console import live
 from maintenance.models import MaintenanceRun
 from maintenance.revert import revert_entry, revert_run
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory import accounts, entry_changes, lifecycle, new_entries
 from memory.models import Entry, LifecycleEvent, Tombstone
 from memory.policy_model import MaintenancePolicy

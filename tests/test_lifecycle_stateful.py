@@ -49,10 +49,11 @@ from hypothesis.stateful import (
 )
 
 from maintenance import proposals
-from maintenance.backups import read_backup
+from maintenance.backup_files import read_backup
 from maintenance.models import Backup, MaintenanceRun, Proposal
 from maintenance.revert import revert_entry, revert_run, revert_selection
-from maintenance.runs import AFFECTED_KEPT, ARCHIVING, TOMBSTONING, run_maintenance
+from maintenance.run_results import AFFECTED_KEPT, ARCHIVING, TOMBSTONING
+from maintenance.run_start import run_maintenance
 from memory import accounts, entry_changes, entry_signals, journal_import, new_entries, relationships
 from memory.errors import NotFound, ServiceError
 from memory.models import (

@@ -25,7 +25,8 @@ from django.utils import timezone
 from console import live
 from console.consumers import WorkspaceLiveConsumer, WorkspaceMembershipMiddleware
 from maintenance.models import Dispute, MaintenanceRun
-from maintenance.runs import run_maintenance, steps
+from maintenance.run_start import run_maintenance
+from maintenance.runs import steps
 from memory import accounts, entry_changes, events, new_entries
 from memory.events import Relay, publish_html
 from memory.models import LiveMessage

@@ -82,7 +82,7 @@ def _mixed_workspace(now):
 @pytest.mark.django_db(transaction=True)
 def test_a_dry_run_on_the_copy_decides_what_one_in_the_database_does(settings, tmp_path, now):
     """The same counts and the same ids, with the copy and without it."""
-    from maintenance.runs import run_maintenance
+    from maintenance.run_start import run_maintenance
 
     if connection.vendor != "sqlite":
         pytest.skip("SQLite's plan only")
@@ -101,7 +101,7 @@ def test_a_dry_run_on_the_copy_decides_what_one_in_the_database_does(settings, t
 
 @pytest.mark.django_db(transaction=True)
 def test_without_room_for_a_copy_the_plan_runs_in_the_database(monkeypatch, settings, tmp_path, now, caplog):
-    from maintenance.runs import run_maintenance
+    from maintenance.run_start import run_maintenance
 
     if connection.vendor != "sqlite":
         pytest.skip("SQLite's plan only")

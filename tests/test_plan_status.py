@@ -9,7 +9,7 @@ import pytest
 from django.db import connection, connections
 
 from maintenance import passes, plan_status
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory import accounts, new_entries, relationships
 from memory.models import Entry, Relationship
 from memory.policy_model import MaintenancePolicy

@@ -13,9 +13,9 @@ import pytest
 import time_machine
 from django.core.management import call_command
 
-from maintenance import hygiene, proposals, revert
+from maintenance import hygiene_actions, proposals, revert
 from maintenance.models import Backup, MaintenanceRun, Proposal
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from maintenance.tasks import run_scheduled
 from memory import entry_changes, entry_signals, journal_export, new_entries
 from memory.errors import Conflict, InvalidInput
@@ -178,7 +178,7 @@ def test_keep_and_a_dispute_resolved_in_favour_hold_the_entries(workspace):
     from maintenance.models import Dispute
 
     kept = make(workspace, age_days=1)
-    hygiene.keep(workspace, [kept.pk], actor="user:ops", now=NOW)
+    hygiene_actions.keep(workspace, [kept.pk], actor="user:ops", now=NOW)
     assert Entry.objects.get(pk=kept.pk).hold_reason == "keep"
     a = make(workspace, age_days=1, content="always run the migrations before deploying the web tier")
     b = make(workspace, age_days=1, content="never run the migrations before deploying the web tier")
@@ -191,7 +191,7 @@ def test_keep_and_a_dispute_resolved_in_favour_hold_the_entries(workspace):
 def test_stale_marking_and_archiving_skip_held_entries(workspace):
     policy(workspace, stale_after_days=30)
     entry = make(workspace, age_days=40, tier="semantic")  # not episodic: decay leaves it alone
-    hygiene.keep(workspace, [entry.pk], actor="user:ops", now=NOW)
+    hygiene_actions.keep(workspace, [entry.pk], actor="user:ops", now=NOW)
     result = run(workspace)
     assert result["counts"]["stale_marked"] == 0 and result["counts"]["held_skipped"] == 1
     assert status(entry) == Status.ACTIVE
@@ -350,7 +350,7 @@ def test_approving_after_the_data_moved_skips_with_why(propose_workspace):
         workspace=propose_workspace, entry_id=accessed.pk, actor="agent", now=later
     )
     Entry.objects.filter(pk=pinned.pk).update(pinned=True)
-    hygiene.keep(propose_workspace, [held.pk], actor="user:other", now=later)
+    hygiene_actions.keep(propose_workspace, [held.pk], actor="user:other", now=later)
     done = proposals.approve(propose_workspace, all=True, actor="user:ops", now=later)
     assert done["applied"] == [fine.pk]
     why = {s["id"]: s["why"] for s in done["skipped"]}
@@ -458,7 +458,7 @@ def test_an_entry_held_while_a_run_works_is_not_proposed(propose_workspace, monk
     real = runs.proposals.record
 
     def reject_first(run_row, plan, **kwargs):
-        hygiene.keep(propose_workspace, [entry.pk], actor="user:ops", now=NOW)  # mid-run decision
+        hygiene_actions.keep(propose_workspace, [entry.pk], actor="user:ops", now=NOW)  # mid-run decision
         return real(run_row, plan, **kwargs)
 
     monkeypatch.setattr(runs.proposals, "record", reject_first)
@@ -533,5 +533,5 @@ def test_a_prune_run_leaves_the_full_runs_stale_archive_proposals_open(propose_w
 
 def test_a_held_fragment_of_a_group_too_small_to_compact_is_not_counted_as_skipped(workspace):
     note = make(workspace, age_days=20, entry_type="development_note", session_key="s-9", tier="semantic")
-    hygiene.keep(workspace, [note.pk], actor="user:ops", now=NOW)
+    hygiene_actions.keep(workspace, [note.pk], actor="user:ops", now=NOW)
     assert run(workspace)["counts"]["held_skipped"] == 0

@@ -26,11 +26,13 @@ from django.test import Client
 from django.utils import timezone
 
 from console import live
-from maintenance import runs
+from maintenance import run_results, runs
 from maintenance.lease import acquire, new_holder
 from maintenance.models import MaintenanceRun
 from maintenance.revert import revert_run
-from maintenance.runs import rows_done, run_maintenance, steps
+from maintenance.run_results import rows_done
+from maintenance.run_start import run_maintenance
+from maintenance.runs import steps
 from maintenance.tasks import dispatch_due_maintenance, run_queued
 from memory import accounts, new_entries
 from memory.models import Entry, LifecycleEvent, LiveMessage
@@ -222,7 +224,7 @@ def test_progress_is_recorded_once_per_pass_and_ends_done(workspace, key, monkey
 
 
 def test_the_row_keeps_a_bounded_sample_and_the_api_pages_every_affected_id(workspace, key, monkeypatch):
-    monkeypatch.setattr(runs, "AFFECTED_KEPT", 2)
+    monkeypatch.setattr(run_results, "AFFECTED_KEPT", 2)
     entries = sorted(e.pk for e in cold(workspace, 5))
     agent = key("agent")
     dry = run_maintenance(workspace=workspace, kind="decay", dry_run=True)
@@ -267,7 +269,7 @@ def test_a_run_recorded_before_the_sample_is_paged_and_reverted_from_its_events(
 def test_the_run_page_lists_a_real_runs_entries_from_its_events(workspace, monkeypatch):
     from django.contrib.auth import get_user_model
 
-    monkeypatch.setattr(runs, "AFFECTED_KEPT", 1)
+    monkeypatch.setattr(run_results, "AFFECTED_KEPT", 1)
     entries = sorted(e.pk for e in cold(workspace, 3))
     real = run_maintenance(workspace=workspace, kind="decay")
     user = get_user_model().objects.create_user(username="viewer", password="x")

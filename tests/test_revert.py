@@ -6,7 +6,7 @@ import pytest
 from django.core.management import call_command
 
 from maintenance.revert import revert_entry, revert_run, revert_selection
-from maintenance.runs import run_maintenance
+from maintenance.run_start import run_maintenance
 from memory import entry_changes, new_entries, relationships
 from memory.errors import NotFound
 from memory.models import Entry, LifecycleEvent, Relationship, Tombstone

@@ -9,7 +9,8 @@ from django.core.management import call_command
 
 from maintenance.lease import acquire, new_holder
 from maintenance.models import MaintenanceRun
-from maintenance.runs import COUNT_KEYS, decay_result, prune_result, run_maintenance
+from maintenance.run_results import COUNT_KEYS, decay_result, prune_result
+from maintenance.run_start import run_maintenance
 from memory import accounts, entry_changes, journal_export, journal_import, new_entries, relationships
 from memory.models import Entry, LifecycleEvent, Relationship, Tombstone
 from memory.policy_model import MaintenancePolicy
@@ -748,7 +749,7 @@ def test_a_candidate_that_stops_qualifying_before_its_batch_is_left_alone(worksp
     """The pass reads its candidates' ids first and locks each batch's ids through the whole
     predicate again: an entry an operator pins while earlier batches are applied keeps its
     status (here: pinned between the first batch and the second)."""
-    from maintenance import passes
+    from maintenance import pass_tools, passes
     from memory.policy import PolicyValues
 
     first, second = (make(workspace, now, age_days=200) for _ in range(2))
@@ -761,7 +762,7 @@ def test_a_candidate_that_stops_qualifying_before_its_batch_is_left_alone(worksp
         return True
 
     run_row = MaintenanceRun.objects.create(workspace=workspace, kind="decay", trigger="cli", started_at=now)
-    ctx = passes.RunContext(
+    ctx = pass_tools.RunContext(
         workspace=workspace, now=now, policy=PolicyValues(), run=run_row, batch_size=1, renew=renew
     )
     passes.score(ctx)

@@ -78,7 +78,7 @@ def seed(password: str) -> dict[str, Any]:
     from django.utils import timezone
 
     from maintenance.models import Dispute
-    from maintenance.runs import run_maintenance
+    from maintenance.run_start import run_maintenance
     from memory import accounts, entry_changes, new_entries
     from memory.models import Entry
     from memory.policy_model import MaintenancePolicy
@@ -177,7 +177,7 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
     (entries, the entry page's anchors, links, versions and history, runs with a backup, the
     review tabs, API keys). ``workspace`` makes a workspace as seed() does."""
     from maintenance.models import Dispute
-    from maintenance.runs import run_maintenance
+    from maintenance.run_start import run_maintenance
     from memory import accounts, entry_changes, holds, new_entries
     from memory.models.choices import HoldReason
     from memory.policy_model import MaintenancePolicy

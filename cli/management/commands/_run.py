@@ -12,7 +12,8 @@ from typing import Any
 from tqdm import tqdm
 
 from maintenance.models import MaintenanceRun, RunKind, RunStatus
-from maintenance.runs import COUNT_KEYS, METRICS, PROPOSING, steps
+from maintenance.run_results import COUNT_KEYS, METRICS, PROPOSING
+from maintenance.runs import steps
 
 
 @contextmanager

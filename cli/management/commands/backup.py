@@ -6,7 +6,7 @@ from typing import Any
 
 from cli.management.commands._base import WorkspaceCommand, service_errors
 from cli.management.commands._progress import row_progress
-from maintenance import backups
+from maintenance import backup_files, backups
 
 
 class Command(WorkspaceCommand):
@@ -26,7 +26,7 @@ class Command(WorkspaceCommand):
                 }
             )
             return
-        path = backups.stored_name(workspace.slug, backup.file_name)
+        path = backup_files.stored_name(workspace.slug, backup.file_name)
         self.stdout.write(
             self.style.SUCCESS(
                 f"Wrote {path} to the backups storage ({backup.entry_count} entries, "

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from cli.management.commands._base import WorkspaceCommand
-from maintenance import hygiene
+from maintenance import hygiene, hygiene_actions
 from maintenance.selectors import hygiene_reason_codes, hygiene_rows
 
 LINE_CHARS = 70
@@ -36,10 +36,10 @@ class Command(WorkspaceCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         workspace = self.get_workspace(options["workspace"])
         if options["apply"]:
-            result = hygiene.apply(workspace, options["apply"], actor="cli")
+            result = hygiene_actions.apply(workspace, options["apply"], actor="cli")
             self._report(result, "archived", options["json"])
         elif options["keep"]:
-            result = hygiene.keep(workspace, options["keep"], actor="cli")
+            result = hygiene_actions.keep(workspace, options["keep"], actor="cli")
             self._report(result, "kept", options["json"])
         else:
             preview = queue(

@@ -8,7 +8,7 @@ from django.core.management.base import CommandParser
 
 from cli.management.commands._base import WorkspaceCommand, service_errors
 from cli.management.commands._progress import row_progress
-from maintenance import backups
+from maintenance import backup_files, restore
 
 
 class Command(WorkspaceCommand):
@@ -31,9 +31,9 @@ class Command(WorkspaceCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        path = backups.resolve_backup(options["file"], options["workspace"])
+        path = backup_files.resolve_backup(options["file"], options["workspace"])
         with service_errors(), row_progress("reading backup", enabled=not options["json"]) as progress:
-            result = backups.restore_backup(
+            result = restore.restore_backup(
                 path, workspace_slug=options["workspace"], force=options["force"], progress=progress
             )
         if options["json"]:

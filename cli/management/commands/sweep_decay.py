@@ -5,7 +5,8 @@ from django.core.management.base import CommandError, CommandParser
 from cli.management.commands._base import WorkspaceCommand
 from cli.management.commands._run import pass_progress, summary
 from maintenance.models import RunStatus
-from maintenance.runs import decay_result, run_maintenance
+from maintenance.run_results import decay_result
+from maintenance.run_start import run_maintenance
 
 
 class Command(WorkspaceCommand):

@@ -1,0 +1,356 @@
+"""Backup files: their format, their kinds of rows, where they live, and reading them back.
+
+One gzip-compressed JSON object per line: a header (format, workspace, created_at, reason), the
+workspace's row, every row of each kind in ``KINDS`` order as ``{"kind": ..., "row": {...}}``
+(every concrete column by attname but the workspace; datetimes ISO-8601 UTC), and a trailer
+(counts per kind, sha256 of every line above). Nothing depends on the database: a file written
+on SQLite restores into PostgreSQL and back. Files live in the ``backups`` storage, a folder per
+workspace, and are only ever read through it (or from a local copy); reading streams and
+verifies the file whole (checksum, counts, format).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import re
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path, PurePosixPath
+from typing import Any, NamedTuple
+
+from django.core.files.storage import Storage, storages
+from django.db import models
+
+from maintenance.models import Backup, Dispute, MaintenanceRun
+from memory.errors import ServiceError
+from memory.models import (
+    CodeAnchor,
+    Entry,
+    EntryAccess,
+    LifecycleEvent,
+    Relationship,
+    Tag,
+    Tombstone,
+)
+from memory.policy_model import MaintenancePolicy
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+SLUG_RE = re.compile(r"^[-a-zA-Z0-9_]+$")
+READ_CHUNK = 2000  # rows per round trip (and per write to the file) while backing up
+Progress = Callable[[int], None]  # called with how many more rows were written or read
+_FILE_CHUNK = 1 << 20  # bytes per read while hashing a file
+
+
+class BackupError(ServiceError):
+    """A backup could not be written or read."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One row kind of the file: its model, the timestamps that move when one of its rows
+    changes (how data newer than the backup is recognised), and its unique key besides the id
+    (a row deleted and written again since the backup is matched by it)."""
+
+    name: str
+    model: type[models.Model]
+    newer: tuple[str, ...] = ()
+    natural: tuple[str, ...] = ()
+    # History (runs): a row the workspace still has is left as it is (its outcome may only have
+    # been written since: a pre-prune backup is taken in the middle of its run), and one whose
+    # id another workspace holds is not restored (what points at it becomes null).
+    history: bool = False
+
+    @cached_property
+    def fields(self) -> list[models.Field[Any, Any]]:
+        return [f for f in self.model._meta.concrete_fields if f.attname != "workspace_id"]
+
+    @cached_property
+    def columns(self) -> list[str]:
+        return [f.attname for f in self.fields]
+
+    @cached_property
+    def floats(self) -> list[str]:
+        return [f.attname for f in self.fields if isinstance(f, models.FloatField)]
+
+    @cached_property
+    def runs(self) -> list[str]:
+        """Columns pointing at a MaintenanceRun."""
+        return [f.attname for f in self.fields if f.is_relation and f.related_model is MaintenanceRun]
+
+    @property
+    def scoped(self) -> bool:
+        return self.model is not ENTRY_TAG
+
+
+ENTRY_TAG: type[models.Model] = Entry.tags.through
+# In file and restore order: a row points only at kinds above it (or at its own kind).
+KINDS: tuple[Kind, ...] = (
+    Kind("policy", MaintenancePolicy, newer=("updated_at",)),
+    # Runs travel with the workspace: tombstones, events and disputes keep naming theirs, so
+    # a restored run can still be reverted.
+    Kind("run", MaintenanceRun, history=True),
+    Kind("tag", Tag, natural=("name",)),
+    Kind(
+        "entry",
+        Entry,
+        newer=("updated_at", "status_changed_at", "last_accessed_at", "reinforced_at", "feedback_at"),
+    ),
+    Kind("entry_tag", ENTRY_TAG),
+    Kind(
+        "relationship",
+        Relationship,
+        newer=("pruned_at",),
+        natural=("from_entry_id", "to_entry_id", "type"),
+    ),
+    Kind("anchor", CodeAnchor, newer=("checked_at",)),
+    Kind("access", EntryAccess, newer=("last_at",), natural=("lineage_id", "actor")),
+    Kind("tombstone", Tombstone, newer=("restored_at", "purged_at")),
+    Kind("event", LifecycleEvent, newer=("reverted_at",)),
+    Kind(
+        "dispute",
+        Dispute,
+        newer=("resolved_at",),
+        natural=("entry_a_id", "entry_b_id", "kind"),
+    ),
+)
+KIND_BY_NAME = {k.name: k for k in KINDS}
+# The kinds whose rows a restore matches by id and compares whole: an unchanged row's line is
+# recognised by its bytes (``restore._Writer.unchanged_dropped``), without parsing it.
+_BY_BYTES = frozenset(k.name for k in KINDS if not k.history and k.name not in ("policy", "entry_tag"))
+WORKSPACE_KIND = "workspace"
+WORKSPACE_COLUMNS = ("slug", "name", "created_at")
+ALL_KINDS = (WORKSPACE_KIND, *KIND_BY_NAME)
+
+
+def error_detail(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or exc}"
+    return str(exc) or type(exc).__name__
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k}: {n}" for k, n in counts.items() if n) or "nothing"
+
+
+def storage() -> Storage:
+    """The ``backups`` storage (``maintenance.storage``): every backup is written, listed
+    for rotation, deleted and read through it, never through a local path of its own."""
+    return storages["backups"]
+
+
+def stored_name(slug: str, file_name: str) -> str:
+    """The backup's name in the storage: ``<workspace slug>/<file name>``."""
+    # PurePosixPath(...).name: a row's name never leads out of the workspace's folder.
+    return f"{slug}/{PurePosixPath(file_name).name}"
+
+
+@dataclass(frozen=True)
+class StoredBackup:
+    """A backup file in the ``backups`` storage, by its name there (``<slug>/<file>``)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+Source = StoredBackup | str | Path  # a stored backup, or a file of this machine (a copy)
+_STORED_NAME_RE = re.compile(r"^[-a-zA-Z0-9_]+/[^/]+$")
+
+
+def resolve_backup(file: str, workspace_slug: str | None = None) -> Source:
+    """What ``file`` names: a backup in the storage — a bare file name of the workspace's
+    backups (with ``workspace_slug``) or ``<slug>/<file name>`` — else a local file path (a
+    copy of a backup, e.g. downloaded from the storage)."""
+    store = storage()
+    names = []
+    if workspace_slug and SLUG_RE.match(workspace_slug) and PurePosixPath(file).name == file:
+        names.append(stored_name(workspace_slug, file))
+    if _STORED_NAME_RE.match(file) and ".." not in file:
+        names.append(file)
+    for name in names:
+        try:
+            if store.exists(name):
+                return StoredBackup(name)
+        except Exception:  # a name the storage refuses is simply not one of its backups
+            logger.debug("backup storage has no %r", name, exc_info=True)
+    return Path(file)
+
+
+def stored_backup(backup: Backup) -> StoredBackup:
+    return StoredBackup(stored_name(backup.workspace.slug, backup.file_name))
+
+
+@contextmanager
+def _open(source: Source) -> Iterator[Any]:
+    if isinstance(source, StoredBackup):
+        with storage().open(source.name, "rb") as handle:
+            yield handle
+    else:
+        with open(source, "rb") as handle:
+            yield handle
+
+
+Header = dict[str, Any]
+Rows = dict[str, list[dict[str, Any]]]
+
+
+Loads = Callable[[bytes], Any]
+
+
+def _json_loads(raw: bytes) -> Any:
+    return json.loads(raw.decode("utf-8"))  # UTF-8 only (json.loads would guess from the bytes)
+
+
+def parse_line(raw: bytes, loads: Loads = _json_loads) -> dict[str, Any]:
+    data = loads(raw)
+    if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
+        raise ValueError("not an object with a kind")
+    return data
+
+
+def _parse_or_empty(raw: bytes | None) -> dict[str, Any]:
+    try:
+        return parse_line(raw or b"")
+    except ValueError:
+        return {}
+
+
+class _Counted(NamedTuple):
+    header: Header
+    trailer: dict[str, Any]
+
+
+# How this version writes a row's line (orjson: no spaces, the id first): the writing scan of
+# a restore reads the kind and id of such a line without parsing the rest
+# (``restore._Writer.unchanged_dropped``). An id fits in 64 bits: 18 digits at most here.
+_ROW_START = re.compile(rb'\{"kind":"([a-z_]+)","row":\{"id":(\d{1,18}),')
+
+
+def _lines(handle: Any) -> Iterator[bytes]:
+    """The lines of a decompressed stream, each with its newline (but a last line without
+    one), read a megabyte at a time: iterating over a GzipFile costs a Python call per line,
+    a tenth of a restore's time."""
+    rest = b""
+    while block := handle.read(_FILE_CHUNK):
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            yield line + b"\n"
+    if rest:
+        yield rest
+
+
+class Raw(NamedTuple):
+    """A row line the writing scan has not parsed: its id and its bytes."""
+
+    pk: int
+    line: bytes
+
+
+def scan(
+    path: Source,
+    on_row: Callable[[str, dict[str, Any]], None],
+    progress: Progress | None = None,
+    *,
+    on_line: Callable[[str, Raw], None] | None = None,
+    loads: Loads = _json_loads,
+) -> _Counted:
+    """Stream a backup file once, calling ``on_row(kind, row)`` for each well-formed row in file
+    order, and verify it as a whole at the end: (header, trailer, rows per kind). With
+    ``on_line``, a row line of a kind in ``_BY_BYTES`` written as this version writes it is
+    handed over unparsed instead, as ``on_line(kind, Raw(id, line))`` (the writing scan of a
+    file the verifying scan has read whole). ``loads``: orjson's for a scan that only checks
+    the rows and keeps their ids (three times faster, but it reads integers beyond 64 bits as
+    floats: a scan whose rows are written keeps json's).
+
+    Raises BackupError when the file is unreadable, truncated (no trailer), altered (checksum
+    mismatch), inconsistent (counts mismatch) or not in a format this version reads. The rows
+    were handed out before that verdict: a caller that writes them does so in a transaction that
+    the error rolls back (or verifies the file in an earlier scan).
+    """
+    digest = hashlib.sha256()
+    found = dict.fromkeys(ALL_KINDS, 0)
+    header: Header | None = None
+    previous: bytes | None = None
+    problem: str | None = None  # the first malformed line, reported only if the checksum holds
+    number = 0
+    try:
+        with _open(path) as stored, gzip.GzipFile(fileobj=stored, mode="rb") as handle:
+            for raw in _lines(handle):
+                if previous is not None:
+                    digest.update(previous)
+                    row: Any = None
+                    start = _ROW_START.match(previous) if on_line is not None and number > 1 else None
+                    kind = start[1].decode() if start is not None else ""
+                    if start is not None and on_line is not None and kind in _BY_BYTES:
+                        found[kind] += 1
+                        on_line(kind, Raw(int(start[2]), previous))
+                    else:
+                        try:
+                            data = parse_line(previous, loads)
+                            if number == 1:
+                                header = data
+                            else:
+                                kind, row = data["kind"], data.get("row")
+                                if kind not in KIND_BY_NAME and kind != WORKSPACE_KIND:
+                                    raise ValueError(f"unknown kind {kind!r}")
+                                if not isinstance(row, dict):
+                                    raise ValueError("no row")
+                                found[kind] += 1
+                        except ValueError as exc:  # JSON and UTF-8 errors included
+                            problem = problem or f"line {number}: {exc}"
+                            row = None
+                        if isinstance(row, dict):  # outside the try: the caller's errors are its own
+                            on_row(kind, row)
+                number += 1
+                previous = raw
+                if progress is not None and number % READ_CHUNK == 0:
+                    progress(READ_CHUNK)
+    except FileNotFoundError:
+        raise BackupError(f"{path}: no such backup file") from None
+    except EOFError:
+        raise BackupError(f"{path}: truncated (the compressed data ends early)") from None
+    except (OSError, zlib.error) as exc:
+        raise BackupError(f"{path}: not a readable backup ({error_detail(exc)})") from None
+
+    trailer = _parse_or_empty(previous) if previous is not None and number > 1 else {}
+    if trailer.get("kind") != "trailer":
+        first = header if header is not None else _parse_or_empty(previous)
+        if first.get("kind") != "header":
+            raise BackupError(f"{path}: not a backup file")
+        raise BackupError(f"{path}: truncated (no trailer)")
+    if trailer.get("sha256") != digest.hexdigest():
+        raise BackupError(f"{path}: checksum mismatch")
+    if problem:
+        raise BackupError(f"{path}: malformed {problem}")
+    if header is None or header.get("kind") != "header":
+        raise BackupError(f"{path}: not a backup file (no header)")
+    if header.get("format") != FORMAT:
+        raise BackupError(f"{path}: unsupported format {header.get('format')!r}")
+    stated = trailer.get("counts")
+    if (
+        not isinstance(stated, dict)
+        or {k: stated.get(k, 0) for k in found} != found
+        or set(stated) - set(found)
+    ):
+        raise BackupError(f"{path}: counts mismatch (the file holds {counts_text(found)})")
+    return _Counted(header, trailer)
+
+
+def read_backup(path: Source, progress: Progress | None = None) -> tuple[Header, Rows, dict[str, Any]]:
+    """Read and verify a whole backup file into memory: (header, rows by kind, trailer). For
+    inspecting a file; a restore streams it instead (``scan``). Raises BackupError as
+    ``scan`` does."""
+    rows: Rows = {name: [] for name in ALL_KINDS}
+    scanned = scan(path, lambda kind, row: rows[kind].append(row), progress)
+    return scanned.header, rows, scanned.trailer
