@@ -27,7 +27,8 @@ from maintenance.pass_tools import (
     unprotected,
 )
 from maintenance.plan_status import status_in
-from memory.models import Entry, LifecycleEvent, Relationship
+from memory.bulk_insert import NewEntry, insert_entries
+from memory.models import Entry, Relationship
 from memory.models.choices import CONTENT_MAX, TITLE_MAX, EntryType, RelationshipType, Source, Status
 from memory.scoring_db import refresh_scores
 from memory.write_input import content_hash
@@ -84,7 +85,7 @@ def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
                 to_status=Status.ARCHIVED,
                 reason=REASON,
             )
-        summaries.append(summary.pk)
+        summaries.append(summary)
         result.ids += archived.ids
         ctx.heartbeat()
     if summaries:
@@ -147,49 +148,41 @@ def _held_by_group(
     return held
 
 
-def _write_summary(ctx: RunContext, project: str, session_key: str, rows: list[dict[str, Any]]) -> Entry:
+def _write_summary(ctx: RunContext, project: str, session_key: str, rows: list[dict[str, Any]]) -> int:
     title, content = digest(project, session_key, rows)
-    entry = Entry(
-        workspace=ctx.workspace,
-        title=title,
-        content=content,
-        content_hash=content_hash(content),
-        project=project,
-        session_key=session_key,
-        entry_type=EntryType.RETROSPECTIVE,
-        source=Source.PLATFORM,
-        status=Status.ACTIVE,
-        status_changed_at=ctx.now,
-        created_at=ctx.now,
-        updated_at=ctx.now,
-        metadata={"compacted_by_run": ctx.run_id, "fragments": len(rows)},
-    )
-    entry.save()
-    Entry.objects.filter(pk=entry.pk).update(lineage_id=entry.pk)
+    row = {
+        "title": title,
+        "content": content,
+        "content_hash": content_hash(content),
+        "project": project,
+        "session_key": session_key,
+        "entry_type": EntryType.RETROSPECTIVE,
+        "source": Source.PLATFORM,
+        "status": Status.ACTIVE,
+        "status_changed_at": ctx.now,
+        "created_at": ctx.now,
+        "updated_at": ctx.now,
+        "metadata": {"compacted_by_run": ctx.run_id, "fragments": len(rows)},
+    }
+    event = {
+        "reason": REASON,
+        "run_id": ctx.run_id,
+        "actor": ctx.actor,
+        "automatic": True,
+        "details": {"fragments": [r["pk"] for r in rows]},
+    }
+    [summary] = insert_entries(ctx.workspace, [NewEntry(row=row, event=event)], now=ctx.now)
     Relationship.objects.bulk_create(
         Relationship(
             workspace=ctx.workspace,
-            from_entry=entry,
+            from_entry_id=summary,
             to_entry_id=r["pk"],
             type=RelationshipType.EVOLVES_FROM,
             created_at=ctx.now,
         )
         for r in rows
     )
-    LifecycleEvent.objects.create(
-        workspace=ctx.workspace,
-        entry=entry,
-        entry_ref=entry.pk,
-        from_status="",
-        to_status=Status.ACTIVE,
-        reason=REASON,
-        run=ctx.run,
-        actor=ctx.actor,
-        automatic=True,
-        created_at=ctx.now,
-        details={"fragments": [r["pk"] for r in rows]},
-    )
-    return entry
+    return summary
 
 
 def digest(project: str, session_key: str, rows: list[dict[str, Any]]) -> tuple[str, str]:

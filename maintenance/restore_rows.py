@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 from typing import Any, NamedTuple
 
 from django.db import connection, models
 
 from maintenance.backup_files import ENTRY_TAG, KIND_BY_NAME, Kind
 from maintenance.backups import encode_value
+from memory import bulk_insert
 from memory.policy_model import MaintenancePolicy
 
 BATCH = 2000  # rows per lookup while restoring
@@ -157,42 +157,6 @@ def plan_entry_tags(rows: list[dict[str, Any]], tag_ids: dict[int, int]) -> _Pla
     return plan
 
 
-# Columns whose Python value the database drivers take as it is.
-_PLAIN_FIELDS = (
-    models.CharField,
-    models.TextField,
-    models.IntegerField,
-    models.FloatField,
-    models.BooleanField,
-    models.ForeignKey,
-)
-
-
-def _adapter(f: models.Field[Any, Any]) -> Callable[[Any], Any] | None:
-    """What turns a file value into a driver parameter (as get_db_prep_save would, minus the
-    per-value field machinery that made the ORM's bulk writes take minutes for 20,000 rows)."""
-    ops = connection.ops
-    if isinstance(f, models.DateTimeField):
-        return lambda v: ops.adapt_datetimefield_value(parse_datetime(v) if isinstance(v, str) else v)
-    if isinstance(f, models.JSONField):
-        return partial(ops.adapt_json_value, encoder=f.encoder)
-    if isinstance(f, _PLAIN_FIELDS):
-        return None
-    return partial(f.get_db_prep_save, connection=connection)
-
-
-def _params(fields: list[models.Field[Any, Any]], rows: list[dict[str, Any]]) -> list[list[Any]]:
-    adapters = [(f, _adapter(f)) for f in fields]
-    out = []
-    for row in rows:
-        values = []
-        for f, adapt in adapters:
-            value = row[f.attname] if f.attname in row else f.get_default()
-            values.append(value if adapt is None or value is None else adapt(value))
-        out.append(values)
-    return out
-
-
 def _executemany(sql: str, params: list[list[Any]]) -> None:
     with connection.cursor() as cursor:
         for chunk in chunks(params, WRITE_BATCH):
@@ -209,7 +173,7 @@ def insert_rows(kind: Kind, rows: list[dict[str, Any]], ws_id: int) -> None:
             continue
         fields = [f for f in kind.fields if keep_id or not f.primary_key]
         columns = [qn(f.column) for f in fields]
-        params = _params(fields, group)
+        params = bulk_insert.params(fields, group)
         if kind.scoped:
             columns.append(qn("workspace_id"))
             params = [[*values, ws_id] for values in params]
@@ -240,7 +204,8 @@ def update_rows(kind: Kind, updates: list[_Update], ws_id: int) -> None:
             continue
         assignments = ", ".join(f"{qn(f.column)} = %s" for f in fields)
         params = [
-            [*values, row["id"], ws_id] for values, row in zip(_params(fields, rows), rows, strict=True)
+            [*values, row["id"], ws_id]
+            for values, row in zip(bulk_insert.params(fields, rows), rows, strict=True)
         ]
         _executemany(
             f"UPDATE {qn(kind.model._meta.db_table)} SET {assignments} "
@@ -267,7 +232,7 @@ def _update_from_arrays(
     floats = [isinstance(f, models.FloatField) for f in fields]
     with connection.cursor() as cursor:
         for chunk in chunks(rows, WRITE_BATCH):
-            values = _params(fields, chunk)
+            values = bulk_insert.params(fields, chunk)
             # One Python type per array: a float column's whole numbers come back from JSON as int.
             columns = [
                 [None if v[i] is None else float(v[i]) for v in values]

@@ -8,18 +8,17 @@ here prints: the management commands present the counts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict
 from datetime import datetime, timedelta
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from django.db import connection, models, transaction
-from django.db.models import F, Max
+from django.db import transaction
 from django.utils import timezone
 
-from memory import entry_changes, writes
+from memory import entry_changes
+from memory.bulk_insert import NewEntry, chunks, insert_entries
 from memory.errors import ServiceError
 from memory.journal_parse import (
     ImportCounts,
@@ -27,7 +26,7 @@ from memory.journal_parse import (
     Progress,
     read_records,
 )
-from memory.models import CodeAnchor, Entry, LifecycleEvent, Relationship, Tag, Workspace
+from memory.models import Entry, Relationship, Tag, Workspace
 from memory.models.choices import StagedClass, Status
 from memory.new_entries import STAGED_TTL_DAYS
 from memory.scoring_db import refresh_scores
@@ -39,17 +38,6 @@ BATCH_SIZE = 500
 
 
 EVENT_REASON = "import"
-
-
-# Columns whose Python value the database drivers take as it is.
-_PLAIN_FIELDS = (
-    models.CharField,
-    models.TextField,
-    models.IntegerField,
-    models.FloatField,
-    models.BooleanField,
-    models.ForeignKey,
-)
 
 
 def import_journal(
@@ -187,60 +175,6 @@ def _latest_by_external_id(workspace: Workspace) -> dict[str, tuple[int, str, st
     return {ext: (pk, hash_, status) for ext, pk, hash_, status in rows if ext is not None}
 
 
-def _chunks(items: list[Any], size: int = BATCH_SIZE) -> Iterator[list[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-def _columns(model: type[models.Model]) -> list[tuple[models.Field[Any, Any], Callable[[Any], Any] | None]]:
-    """Every concrete column but the primary key, with the adapter that turns a Python value
-    into what the database driver takes (as the field's get_db_prep_save would). Plain scalars
-    need none, which is what makes the insert fast."""
-    ops = connection.ops
-    out: list[tuple[models.Field[Any, Any], Callable[[Any], Any] | None]] = []
-    for f in model._meta.concrete_fields:
-        if f.primary_key:
-            continue
-        adapter: Callable[[Any], Any] | None
-        if isinstance(f, models.DateTimeField):
-            adapter = ops.adapt_datetimefield_value
-        elif isinstance(f, models.JSONField):
-            adapter = partial(ops.adapt_json_value, encoder=f.encoder)
-        elif isinstance(f, _PLAIN_FIELDS):
-            adapter = None
-        else:
-            adapter = partial(f.get_db_prep_save, connection=connection)
-        out.append((f, adapter))
-    return out
-
-
-def _insert_rows(model: type[models.Model], rows: list[dict[str, Any]]) -> None:
-    """INSERT rows given as {attname: value}; a missing column takes the field's default.
-
-    One prepared statement run with executemany: the ORM's bulk_create prepares every value of
-    every row through the field machinery, which made a 5,000-record import take seconds.
-    """
-    if not rows:
-        return
-    columns = _columns(model)
-    defaults = {f.attname: f.get_default() for f, _ in columns}
-    qn = connection.ops.quote_name
-    sql = (
-        f"INSERT INTO {qn(model._meta.db_table)} ({', '.join(qn(f.column) for f, _ in columns)}) "
-        f"VALUES ({', '.join(['%s'] * len(columns))})"
-    )
-    params = []
-    for row in rows:
-        values = []
-        for f, adapter in columns:
-            value = row[f.attname] if f.attname in row else defaults[f.attname]
-            values.append(value if adapter is None or value is None else adapter(value))
-        params.append(values)
-    with connection.cursor() as cursor:
-        for chunk in _chunks(params, 1000):
-            cursor.executemany(sql, chunk)
-
-
 def _create(
     workspace: Workspace,
     records: list[JournalRecord],
@@ -250,74 +184,28 @@ def _create(
     progress: Progress | None,
 ) -> list[int]:
     """Insert new entries with their tags, anchors and creation events; returns their ids."""
-    if not records:
-        return []
-    last_id = Entry.objects.aggregate(last=Max("id"))["last"] or 0
-    for done, batch in enumerate(_chunks(records), start=1):
-        _insert_rows(Entry, [_entry_row(workspace, rec, now) for rec in batch])
-        if progress is not None:
-            progress("writing", min(done * BATCH_SIZE, len(records)), len(records))
-    # executemany returns no ids. The new rows are the ones of this workspace above the old
-    # maximum id that have no lineage yet (every committed entry has one; SQLite holds the
-    # write lock and PostgreSQL hides other transactions' rows), in insert order; the check
-    # below makes any surprise abort the whole import instead of mis-attributing rows.
-    fresh = Entry.objects.filter(workspace=workspace, lineage_id__isnull=True, pk__gt=last_id)
-    found = list(fresh.order_by("pk").values_list("pk", "external_id"))
-    if [ext for _, ext in found] != [rec.external_id for rec in records]:
-        raise RuntimeError("could not identify the inserted entries; nothing was imported")
-    ids = [pk for pk, _ in found]
-    fresh.update(lineage_id=F("id"))
-
-    names = sorted({n for rec in records for n in rec.tags})
-    tag_ids: dict[str, int] = {}
-    for chunk in _chunks(names):
-        tag_ids.update({t.name: t.pk for t in writes.tags_for_names(workspace, chunk)})
-    _insert_rows(
-        Entry.tags.through,
-        [
-            {"entry_id": pk, "tag_id": tag_ids[name]}
-            for rec, pk in zip(records, ids, strict=True)
-            for name in rec.tags
-        ],
-    )
-    _insert_rows(
-        CodeAnchor,
-        [
-            {
-                "workspace_id": workspace.pk,
-                "entry_id": pk,
-                "repo": a.repo,
-                "path": a.path,
-                "commit": a.commit,
-                "line_start": a.line_start,
-                "line_end": a.line_end,
-                "content_hash": a.content_hash,
-                "status": a.status,
-                "created_at": now,
-            }
-            for rec, pk in zip(records, ids, strict=True)
-            for a in rec.anchors
-        ],
-    )
-    _insert_rows(
-        LifecycleEvent,
-        [
-            {
-                "workspace_id": workspace.pk,
-                "entry_id": pk,
-                "entry_ref": pk,
-                "from_status": "",
-                "to_status": rec.status,
-                "reason": EVENT_REASON,
-                "actor": actor,
-                "automatic": False,
-                "created_at": now,
-                "details": {"line": rec.line},
-            }
-            for rec, pk in zip(records, ids, strict=True)
-        ],
-    )
-    return ids
+    new = [
+        NewEntry(
+            row=_entry_row(workspace, rec, now),
+            event={"reason": EVENT_REASON, "actor": actor, "details": {"line": rec.line}},
+            tags=rec.tags,
+            anchors=[
+                {
+                    "repo": a.repo,
+                    "path": a.path,
+                    "commit": a.commit,
+                    "line_start": a.line_start,
+                    "line_end": a.line_end,
+                    "content_hash": a.content_hash,
+                    "status": a.status,
+                }
+                for a in rec.anchors
+            ],
+        )
+        for rec in records
+    ]
+    told = None if progress is None else (lambda done: progress("writing", done, len(records)))
+    return insert_entries(workspace, new, now=now, batch=BATCH_SIZE, progress=told)
 
 
 def _entry_row(workspace: Workspace, rec: JournalRecord, now: datetime) -> dict[str, Any]:
@@ -373,7 +261,7 @@ def _link(
         return
     existing: set[tuple[int, int, str]] = set()
     from_ids = sorted({f for f, _, _ in wanted})
-    for chunk in _chunks(from_ids):
+    for chunk in chunks(from_ids, BATCH_SIZE):
         existing.update(
             Relationship.objects.filter(workspace=workspace, from_entry_id__in=chunk).values_list(
                 "from_entry_id", "to_entry_id", "type"

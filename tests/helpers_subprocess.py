@@ -273,7 +273,7 @@ def journal_lines(entries: int, now: datetime, seed: int) -> list[str]:
             "entry_type": rng.choice(["development_note", "observation", "technical_note"]),
             "tags": ["keep"] if rng.random() < 0.05 else [],
         }
-        # Every record names the same fields: journal_import._insert_rows takes its defaults from
+        # Every record names the same fields: bulk_insert.insert_rows takes its defaults from
         # the first row of a batch (KeyError on a batch that mixes present and absent fields).
         roll = rng.random()
         record["pinned"] = roll < 0.05
