@@ -45,7 +45,7 @@ FOLDED_DRY = (RunStatus.SUCCEEDED, RunStatus.SKIPPED, RunStatus.PROPOSED, RunSta
 
 def reclaim_bookkeeping(ctx: RunContext) -> PassResult:
     """Fold week-old runs that changed nothing; past the audit retention, remove the records
-    of purged lineages, runs nothing refers to and old day counts. ``extra["reclaimed_rows"]``
+    of purged lineages, runs nothing refers to and old day counts. ``PassResult.reclaimed_rows``
     holds the rows removed per kind."""
     removed: Counter[str] = Counter()
     keep = newest_runs(ctx)
@@ -61,7 +61,7 @@ def reclaim_bookkeeping(ctx: RunContext) -> PassResult:
             ctx, RunDaySummary.objects.filter(workspace=ctx.workspace, day__lt=_day(cutoff))
         )
     rows = {kind: removed[kind] for kind in ROW_KINDS if removed[kind]}
-    return PassResult(count=sum(rows.values()), extra={"reclaimed_rows": rows})
+    return PassResult(count=sum(rows.values()), reclaimed_rows=rows)
 
 
 def _day(moment: datetime) -> date:

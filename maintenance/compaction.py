@@ -65,7 +65,7 @@ def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
         .filter(n__gt=ctx.policy.consolidation_min_group)
         .order_by("project", "session_key")
     )
-    result = PassResult(extra={"summaries_created": 0})
+    result = PassResult(also={"summaries_created": 0})
     summaries: list[int] = []
     keys = {(g["project"], g["session_key"]) for g in groups}
     members = _group_rows(ctx, only, keys)
@@ -91,7 +91,7 @@ def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
     if summaries:
         refresh_scores(ctx.workspace, now=ctx.now, params=ctx.policy.decay_params, ids=summaries)
     result.count = len(result.ids)
-    result.extra["summaries_created"] = len(summaries)
+    result.also["summaries_created"] = len(summaries)
     return result
 
 

@@ -354,8 +354,7 @@ def flag_contradictions(ctx: RunContext) -> PassResult:
     created = _insert(new)
     ctx.heartbeat()
     entry_ids = list(dict.fromkeys(i for d in created for i in (d.entry_a_id, d.entry_b_id)))
-    pairs = [[d.entry_a_id, d.entry_b_id] for d in created]
-    return PassResult(count=len(created), ids=entry_ids, extra={"dispute_pairs": pairs} if pairs else {})
+    return PassResult(count=len(created), ids=entry_ids)
 
 
 def check_on_write(entry: Entry, *, now: datetime | None = None) -> list[Dispute]:

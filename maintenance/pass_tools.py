@@ -71,11 +71,22 @@ class RunContext:
 
 @dataclass
 class PassResult:
+    """What one pass did: the count it feeds (its key in ``run_results.COUNT_KEYS``) and the
+    ids it changed, and what some passes report beside them."""
+
     count: int = 0
     ids: list[int] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
     # Per changed id, values that decided it beyond the entry's own columns (a proposal shows them).
     values: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Per-row details of what changed (``detail_fields`` of a transition: a decay sweep's
+    # evictions and expiries).
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    # Other counts the pass feeds, by key (compaction: ``summaries_created``).
+    also: dict[str, int] = field(default_factory=dict)
+    # Entries the pass considered (a decay sweep's ``candidates_evaluated``).
+    evaluated: int = 0
+    # Bookkeeping rows removed, by kind of row (the reclaim of bookkeeping).
+    reclaimed_rows: dict[str, int] = field(default_factory=dict)
 
 
 # --- predicates ---------------------------------------------------------------------------
@@ -200,7 +211,7 @@ def transition(
             if not rows:
                 continue
             if detail_fields:
-                result.extra.setdefault("rows", []).extend(_detail_rows(rows, detail_fields))
+                result.rows.extend(_detail_rows(rows, detail_fields))
             if destructive and not result.ids:
                 ctx.before_destructive()
             ids = [r["pk"] for r in rows]
@@ -233,7 +244,7 @@ def _planned_transition(
     if detail_fields:
         rows = list(ordered.values("pk", *detail_fields))
         result.ids = [r["pk"] for r in rows]
-        result.extra["rows"] = _detail_rows(rows, detail_fields)
+        result.rows = _detail_rows(rows, detail_fields)
     else:  # ids only: half a million dicts were ~100 MB at 1,000,000 entries
         result.ids = list(ordered.values_list("pk", flat=True))
     plan_status.record(result.ids, to_status, ctx.now)
@@ -243,7 +254,7 @@ def _planned_transition(
 
 
 def _detail_rows(rows: Iterable[Mapping[str, Any]], fields: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The per-row details a transition reports (``extra["rows"]``): the id and ``fields``."""
+    """The per-row details a transition reports (``PassResult.rows``): the id and ``fields``."""
     return [{"id": r["pk"], **{f: r[f] for f in fields}} for r in rows]
 
 

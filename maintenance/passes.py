@@ -224,10 +224,9 @@ def decay(ctx: RunContext) -> PassResult:
     evaluated = decay_candidates(ctx).count()
     details = DECAY_DETAILS if ctx.details else ()
     result = tombstone(ctx, cold_candidates(ctx), TombstoneReason.DECAY, detail_fields=details)
-    rows = result.extra.get("rows", [])
-    for r in rows:
+    for r in result.rows:
         r["retention"] = r.pop("run_retention")
-    result.extra = {"candidates_evaluated": evaluated, "evicted_rows": rows}
+    result.evaluated = evaluated
     return result
 
 
@@ -244,9 +243,7 @@ def ttl_candidates(ctx: RunContext) -> QuerySet[Entry]:
 def expire_ttl(ctx: RunContext) -> PassResult:
     """10. expires_at ≤ now → tombstoned."""
     details = TTL_DETAILS if ctx.details else ()
-    result = tombstone(ctx, ttl_candidates(ctx), TombstoneReason.TTL, detail_fields=details)
-    result.extra = {"expired_rows": result.extra.get("rows", [])}
-    return result
+    return tombstone(ctx, ttl_candidates(ctx), TombstoneReason.TTL, detail_fields=details)
 
 
 def reclaim_candidates(ctx: RunContext) -> QuerySet[Entry]:

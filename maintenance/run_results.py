@@ -61,45 +61,54 @@ PROPOSING = (*ARCHIVING, *TOMBSTONING)
 
 
 def rows_done(counts: dict[str, Any]) -> int:
-    """The rows a run's counts add up to (``reclaimed_rows`` is a count per kind of row)."""
+    """The rows a run's recorded counts (its row's JSON) add up to; ``reclaimed_rows`` is a
+    count per kind of row."""
     return sum(sum(v.values()) if isinstance(v, dict) else v for v in counts.values())
 
 
 def empty_counts() -> dict[str, Any]:
-    counts: dict[str, Any] = dict.fromkeys(COUNT_KEYS, 0)
-    counts[ROWS_KEY] = {}
-    return counts
+    return Outcome().recorded_counts()
 
 
 class Outcome:
     """Counts and affected ids of one execution of the passes."""
 
     def __init__(self) -> None:
-        self.counts: dict[str, Any] = empty_counts()
+        # Every count but the bookkeeping rows, which are counted by kind apart.
+        self.counts: dict[str, int] = {key: 0 for key in COUNT_KEYS if key != ROWS_KEY}
+        self.reclaimed_rows: dict[str, int] = {}
         self.ids: dict[str, list[int]] = {}
-        self.extra: dict[str, Any] = {}
         self.values: dict[str, dict[int, dict[str, Any]]] = {}
+        # Per count key, the per-row details its pass reported (``evicted``, ``expired``).
+        self.rows: dict[str, list[dict[str, Any]]] = {}
+        self.evaluated = 0  # candidates a decay sweep read
         self.held: set[int] = set()
         # A propose-mode outcome: the proposing passes' counts are proposals, nothing they name
         # was changed.
         self.proposed = False
 
     def add(self, key: str, result: PassResult) -> None:
+        for kind, n in result.reclaimed_rows.items():
+            self.reclaimed_rows[kind] = self.reclaimed_rows.get(kind, 0) + n
         if key == ROWS_KEY:
-            rows = self.counts[ROWS_KEY]
-            for kind, n in result.extra.get(ROWS_KEY, {}).items():
-                rows[kind] = rows.get(kind, 0) + n
             return
         self.counts[key] += result.count
+        for other, n in result.also.items():
+            self.counts[other] += n
         self.ids.setdefault(key, []).extend(result.ids)
         self.values.setdefault(key, {}).update(result.values)
-        for k, v in result.extra.items():
-            if k in self.counts:
-                self.counts[k] += v
-            elif isinstance(v, list):
-                self.extra.setdefault(k, []).extend(v)
-            else:
-                self.extra[k] = self.extra.get(k, 0) + v
+        if result.rows:
+            self.rows.setdefault(key, []).extend(result.rows)
+        self.evaluated += result.evaluated
+
+    def rows_done(self) -> int:
+        """The rows the passes so far changed or counted."""
+        return sum(self.counts.values()) + sum(self.reclaimed_rows.values())
+
+    def recorded_counts(self) -> dict[str, Any]:
+        """The counts as a run records and answers them, in ``COUNT_KEYS`` order:
+        ``reclaimed_rows`` a mapping of kind to rows, every other count a number."""
+        return {key: dict(self.reclaimed_rows) if key == ROWS_KEY else self.counts[key] for key in COUNT_KEYS}
 
     @property
     def affected(self) -> dict[str, Any]:

@@ -207,7 +207,7 @@ def _execute(
         if progress is not None:
             progress(key)
         if recorder is not None:
-            recorder.record(key, step_no, rows_done(outcome.counts))
+            recorder.record(key, step_no, outcome.rows_done())
         outcome.add(key, step(ctx))
     outcome.held = set(ctx.held)
     outcome.counts["held_skipped"] = len(outcome.held)
@@ -220,10 +220,14 @@ def _proposed(plan: Outcome, applied: Outcome) -> Outcome:
     merged = Outcome()
     for key in COUNT_KEYS:
         source = plan if key in (*PROPOSING, "summaries_created") else applied
-        merged.counts[key] = source.counts[key] if key != ROWS_KEY else dict(source.counts[key])
+        if key == ROWS_KEY:
+            merged.reclaimed_rows = dict(source.reclaimed_rows)
+        else:
+            merged.counts[key] = source.counts[key]
         if key in source.ids:
             merged.ids[key] = source.ids[key]
-    merged.extra = plan.extra  # the plan ran every pass: candidates evaluated, evicted rows, …
+    # The plan ran every pass: candidates evaluated, evicted rows, …
+    merged.evaluated, merged.rows = plan.evaluated, plan.rows
     merged.proposed = True
     merged.held = plan.held | applied.held
     merged.counts["held_skipped"] = len(merged.held)
@@ -276,7 +280,7 @@ def _plan(
 
 
 def _result(run: MaintenanceRun, outcome: Outcome | None) -> dict[str, Any]:
-    counts = outcome.counts if outcome else empty_counts()
+    counts = outcome.recorded_counts() if outcome else empty_counts()
     affected = outcome.affected if outcome else {"archived": [], "tombstoned": [], "purged": []}
     return {
         "run_id": run.pk,
@@ -303,7 +307,7 @@ def finish_run(
     run.status = status
     run.finished_at = timezone.now()
     run.error = error
-    run.counts = dict(outcome.counts) if outcome else {}
+    run.counts = outcome.recorded_counts() if outcome else {}
     result = {**_result(run, outcome), **(extra or {})}
     if outcome is not None and status == RunStatus.PROPOSED:
         result["proposed"] = outcome.proposals
@@ -492,7 +496,7 @@ def _write_backup(
 def _decay_details(outcome: Outcome, run: MaintenanceRun) -> dict[str, Any]:
     now = datetime.fromisoformat(run.params["now"])
     return {
-        "candidates_evaluated": outcome.extra.get("candidates_evaluated", 0),
+        "candidates_evaluated": outcome.evaluated,
         "evicted": [
             {
                 "id": r["id"],
@@ -500,10 +504,10 @@ def _decay_details(outcome: Outcome, run: MaintenanceRun) -> dict[str, Any]:
                 "age_days": max(0.0, (now - r["created_at"]).total_seconds() / 86400),
                 "access_count": r["access_count"],
             }
-            for r in outcome.extra.get("evicted_rows", [])
+            for r in outcome.rows.get("evicted", [])
         ],
         "expired": [
             {"id": r["id"], "expired_at": r["expires_at"].isoformat()}
-            for r in outcome.extra.get("expired_rows", [])
+            for r in outcome.rows.get("expired", [])
         ],
     }
