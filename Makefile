@@ -73,6 +73,7 @@ lint: install
 	env -u DATABASE_URL $(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/lint-imports  # the import contracts (pyproject.toml, tool.importlinter)
 	$(BIN)/python tools/check_private.py  # no module reads another's _private names
+	$(BIN)/python tools/check_single.py  # no rule written down in two modules
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -20,10 +20,9 @@ from api.schemas import ErrorOut, no_nul  # one error shape, one schema name in 
 from maintenance.models import RunKind, RunStatus, RunTrigger
 from maintenance.run_results import bounded_affected
 from maintenance.selectors import affected_totals
-from memory.models.choices import ID_MAX, TombstoneReason
+from memory.models.choices import ID_MAX, OFFSET_MAX, TombstoneReason
 from memory.policy import LIMITS
 
-OFFSET_MAX = 1_000_000_000
 TAG_NAME_MAX = 100
 EXCLUDE_TAGS_MAX = 200
 TagName = Annotated[str, Field(max_length=TAG_NAME_MAX), AfterValidator(no_nul)]  # PostgreSQL stores no NUL

@@ -48,7 +48,8 @@ from api.schemas import (
 )
 from maintenance.run_results import PRUNE_PARAMS
 from memory.errors import ServiceError
-from memory.search import LIMIT_MAX, OFFSET_MAX, Q_MAX
+from memory.models.choices import OFFSET_MAX
+from memory.search import LIMIT_MAX, Q_MAX
 
 SEARCH_LIMIT_DEFAULT = 10
 RECENT_LIMIT_DEFAULT = 20

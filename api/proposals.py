@@ -28,11 +28,10 @@ from api.review_schemas import (
 from maintenance import proposals
 from maintenance.models import Proposal
 from memory.auth import require
+from memory.models.choices import EXCERPT_CHARS
 from memory.selectors import page
 
 router = Router(tags=["proposals"])
-
-EXCERPT_CHARS = 240  # of an entry's content in a listing: a page never loads 50,000-character texts
 
 
 def _listed(qs: QuerySet[Proposal]) -> QuerySet[Proposal]:

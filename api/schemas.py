@@ -32,6 +32,7 @@ from memory.models import Entry
 from memory.models.choices import (
     CONTENT_MAX,
     ID_MAX,
+    OFFSET_MAX,
     TITLE_MAX,
     AnchorStatus,
     EntryType,
@@ -56,7 +57,6 @@ from memory.write_input import (
 from memory.writes import write_policy
 
 PAGE_MAX = 500  # the most items one page of a list returns: limit ≤ 500
-OFFSET_MAX = 1_000_000_000  # deeper pages are not meaningful; keeps OFFSET far from overflow
 METADATA_MAX_CHARS = 100_000  # serialised size of an entry's metadata object
 ANCHOR_FILES_MAX = 5000  # files per POST /anchors/check
 FILE_HASH_MAX = 128  # a hex sha512 fits

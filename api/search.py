@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.entries import ERRORS
 from memory.auth import require
-from memory.search import LIMIT_MAX, OFFSET_MAX, search
+from memory.models.choices import OFFSET_MAX
+from memory.search import LIMIT_MAX, search
 
 router = Router(tags=["search"])
 

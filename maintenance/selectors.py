@@ -23,7 +23,7 @@ from maintenance.models import (
 from maintenance.run_results import AFFECTED_LISTS, affected_lists
 from memory.errors import NotFound
 from memory.models import CodeAnchor, Entry, LifecycleEvent, Relationship, Tag, Tombstone, Workspace
-from memory.models.choices import AnchorStatus, Status
+from memory.models.choices import EXCERPT_CHARS, AnchorStatus, Status
 from memory.policy_model import MaintenancePolicy
 from memory.selectors import status_counts
 
@@ -236,8 +236,6 @@ def workspace_stats(workspace: Workspace) -> dict[str, Any]:
 
 
 # --- hygiene candidates, as pages and the command show them --------------------------------
-
-EXCERPT_CHARS = 240  # of an entry's text, in the tables of candidates and changes
 
 
 def hygiene_rows(candidates: Sequence[hygiene_text.Candidate]) -> list[dict[str, Any]]:

@@ -27,14 +27,13 @@ from django.utils.dateparse import parse_datetime
 
 from memory.errors import InvalidInput
 from memory.models import Entry, Workspace
-from memory.models.choices import Status
+from memory.models.choices import OFFSET_MAX, Status
 from memory.models.entries import count_index
 from memory.search_query import ParsedQuery, parse_query
 from memory.selectors import bounded_count
 
 Q_MAX = 500  # characters
 LIMIT_MAX = 500  # the bounds of every list page (api.schemas.PAGE_MAX, OFFSET_MAX)
-OFFSET_MAX = 1_000_000_000
 MARK_START = "«"
 MARK_END = "»"
 SNIPPET_WORDS = 24  # words around the first match, on both backends

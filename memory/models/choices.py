@@ -8,6 +8,10 @@ from django.db.models import Q
 
 CONTENT_MAX = 50_000
 TITLE_MAX = 200
+OFFSET_MAX = (
+    1_000_000_000  # the deepest page offset: deeper pages mean nothing, and OFFSET stays far from overflow
+)
+EXCERPT_CHARS = 240  # of an entry's content in a listing: a page never loads a 50,000-character text
 ID_MAX = 2**63 - 1  # the largest id: 64-bit on both databases (SQLite refuses larger integers)
 
 

@@ -21,9 +21,9 @@ from maintenance import proposals
 from maintenance.models import ProposalAction
 from memory.errors import Conflict
 from memory.models import Workspace
+from memory.models.choices import EXCERPT_CHARS
 from memory.policy_model import MaintenancePolicy
 
-EXCERPT_CHARS = 240  # stored excerpt per row (the JSON); the text shows one line of it
 LINE_CHARS = 60
 IDS_SHOWN = 20
 NO_PROPOSAL = "no open proposal for this entry"
