@@ -112,8 +112,7 @@ def _see_other(url: str) -> HttpResponse:
 
 def _policy_row(console: Console) -> MaintenancePolicy:
     """The stored policy, or an unsaved one with the defaults (a GET never writes)."""
-    row = MaintenancePolicy.objects.filter(workspace=console.workspace).first()
-    return row or MaintenancePolicy(workspace=console.workspace)
+    return MaintenancePolicy.read(console.workspace)
 
 
 def _groups(form: PolicyForm, policy: MaintenancePolicy) -> list[dict[str, Any]]:

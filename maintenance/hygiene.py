@@ -66,9 +66,7 @@ BATCH_SIZE = 1000
 
 def read_policy(workspace: Workspace) -> tuple[PolicyValues, list[Pattern]]:
     """The workspace's policy and residue patterns, read fresh (one query)."""
-    row = MaintenancePolicy.objects.filter(workspace=workspace).first()
-    if row is None:
-        return PolicyValues(), compile_residue_patterns(None)
+    row = MaintenancePolicy.read(workspace)
     return row.values(), compile_residue_patterns(row.residue_patterns)
 
 

@@ -184,11 +184,11 @@ def backup_list(workspace: Workspace) -> QuerySet[Backup]:
 
 def policy_values(workspace: Workspace) -> dict[str, Any]:
     """The effective policy as runs read it: clamped, defaults when the workspace has no row."""
-    row = MaintenancePolicy.objects.filter(workspace=workspace).first()
-    values = asdict(row.values() if row else MaintenancePolicy(workspace=workspace).values())
+    row = MaintenancePolicy.read(workspace)
+    values = asdict(row.values())
     values["exclude_tags"] = list(values["exclude_tags"])
-    values["residue_patterns"] = list(row.residue_patterns or []) if row else []
-    values["updated_at"] = row.updated_at if row else None
+    values["residue_patterns"] = list(row.residue_patterns or [])
+    values["updated_at"] = row.updated_at if row.pk is not None else None
     return values
 
 

@@ -105,10 +105,16 @@ class MaintenancePolicy(models.Model):
         return PolicyValues.from_mapping(data)
 
     @classmethod
-    def for_workspace(cls, workspace: Workspace) -> PolicyValues:
-        """The effective policy, read fresh (defaults when the workspace has no row yet)."""
+    def read(cls, workspace: Workspace) -> MaintenancePolicy:
+        """The one read of a workspace's policy: its row, fresh, or an unsaved one with the
+        defaults when it has none yet (a read never writes). One query."""
         row = cls.objects.filter(workspace=workspace).first()
-        return row.values() if row else PolicyValues()
+        return row or cls(workspace=workspace)
+
+    @classmethod
+    def for_workspace(cls, workspace: Workspace) -> PolicyValues:
+        """The effective policy (``read``), clamped: what a run decides with."""
+        return cls.read(workspace).values()
 
     @classmethod
     def write(cls, workspace: Workspace, changes: Mapping[str, Any]) -> MaintenancePolicy:

@@ -420,3 +420,14 @@ def test_the_api_and_the_settings_page_both_write_through_it(workspace, monkeypa
     assert response.status_code == 303, response.content
     assert seen == [{"backups_keep": 8}, {"backups_keep": 7}]
     assert MaintenancePolicy.objects.get(workspace=workspace).backups_keep == 7
+
+
+@pytest.mark.django_db
+def test_the_read_gives_the_row_or_unsaved_defaults_and_never_writes(workspace):
+    MaintenancePolicy.objects.filter(workspace=workspace).update(backups_keep=9)
+    assert MaintenancePolicy.read(workspace).backups_keep == 9
+    MaintenancePolicy.objects.filter(workspace=workspace).delete()
+    row = MaintenancePolicy.read(workspace)
+    assert row.pk is None and row.backups_keep == POLICY_TABLE["backups_keep"][0]
+    assert not MaintenancePolicy.objects.filter(workspace=workspace).exists()
+    assert MaintenancePolicy.for_workspace(workspace) == PolicyValues()

@@ -43,7 +43,7 @@ def _make_it_recent(workspace: Workspace) -> None:
         updated_at=F("created_at") + shift,
         status_changed_at=F("created_at") + shift,
     )
-    MaintenancePolicy.objects.filter(workspace=workspace).update(decay_lambda=0.005)
+    MaintenancePolicy.write(workspace, {"decay_lambda": 0.005})
     refresh_scores(workspace, now=now)
 
 
