@@ -9,7 +9,9 @@ external-content FTS5 table kept in sync by triggers. Both are created by migrat
 
 from __future__ import annotations
 
-from django.db import connection
+from typing import Any
+
+from django.db import connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 # The triggers as migration memory.0003_search creates them. Django's SQLite schema editor
@@ -77,3 +79,9 @@ def _migrated(conn: BaseDatabaseWrapper, name: str) -> bool:
     from django.db.migrations.recorder import MigrationRecorder
 
     return MigrationRecorder(conn).migration_qs.filter(app="memory", name=name).exists()
+
+
+def ensure_after_migrate(sender: Any, using: str = "default", **kwargs: Any) -> None:
+    """After ``migrate`` (connected by ``MemoryConfig.ready``): SQLite rebuilds memory_entry for
+    many schema changes, dropping the full-text triggers with it."""
+    ensure_sqlite_index(connections[using])
