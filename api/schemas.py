@@ -271,10 +271,10 @@ def hold_days(request: Any, workspace_id: int | None = None) -> int:
 
 class EntryOut(BaseModel):
     """An entry as every endpoint returns it. A plain pydantic model reading the instance's
-    attributes (no django-ninja resolvers): serialising a page of 20 costs 0.1 ms instead of
-    0.9 ms through ninja's per-attribute getter (bench/reports/api.md). ``held`` is the
-    entry's operator hold judged under the workspace's ``operator_hold_days`` now (the request
-    is in the validation context django-ninja passes)."""
+    attributes (no django-ninja resolvers): serialising a page costs a fraction of what ninja's
+    per-attribute getter took (bench/reports/api.md, section "Figures moved from the code").
+    ``held`` is the entry's operator hold judged under the workspace's ``operator_hold_days``
+    now (the request is in the validation context django-ninja passes)."""
 
     model_config = ConfigDict(from_attributes=True)
 

@@ -17,7 +17,8 @@ router = Router(tags=["search"])
 
 
 # Plain pydantic models reading the hits' attributes (as ``EntryOut``): django-ninja's Schema
-# reads each attribute through a Python getter, ~0.7 ms for a page of 20.
+# reads each attribute through a Python getter, a share of every search's CPU
+# (bench/reports/api.md, section "Figures moved from the code").
 class SearchHitOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 

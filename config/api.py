@@ -35,11 +35,12 @@ log = logging.getLogger(__name__)
 
 class CompiledJSONRenderer(JSONRenderer):
     """JSON written by pydantic's compiled serialiser instead of ``json.dumps`` with Django's
-    encoder: a page of 20 entries (~100 timestamps) cost ~1 ms of CPU that way, 0.1 ms this
-    way (bench/reports/api.md). Timestamps are ISO 8601 with microseconds, UTC as ``Z``;
-    text is UTF-8; non-finite floats are null (valid JSON); a type pydantic does not know goes
-    through django-ninja's encoder, and anything pydantic refuses (a lone surrogate) through
-    django-ninja's renderer, as before."""
+    encoder: a page carries many timestamps, each a Python callback that way, and the compiled
+    serialiser took a fraction of the CPU (bench/reports/api.md, the 2026-11-30 06:10 UTC
+    diagnosis, "What changed in this session"). Timestamps are ISO 8601 with microseconds, UTC
+    as ``Z``; text is UTF-8; non-finite floats are null (valid JSON); a type pydantic does not
+    know goes through django-ninja's encoder, and anything pydantic refuses (a lone surrogate)
+    through django-ninja's renderer, as before."""
 
     _fallback = NinjaJSONEncoder().default
 

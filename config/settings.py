@@ -136,10 +136,11 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     if _db["NAME"] != ":memory:":
         Path(_db["NAME"]).parent.mkdir(parents=True, exist_ok=True)
 elif _db["ENGINE"] == "django.db.backends.postgresql" and env_bool("DB_POOL", True):
-    # A connection per request costs a backend start with cold caches (3-9 ms a request,
-    # bench/reports/api.md). Under ASGI each request runs in a new thread, so CONN_MAX_AGE > 0
-    # would leave one connection open per request; Django's psycopg pool hands it back at the
-    # end of the request instead. Keep DB_POOL_MAX × processes below max_connections.
+    # A connection per request costs a backend start with cold caches, on every request
+    # (bench/reports/api.md, section "Figures moved from the code"). Under ASGI each request
+    # runs in a new thread, so CONN_MAX_AGE > 0 would leave one connection open per request;
+    # Django's psycopg pool hands it back at the end of the request instead. Keep
+    # DB_POOL_MAX × processes below max_connections.
     _db["CONN_MAX_AGE"] = 0
     _db["OPTIONS"] = {
         "pool": {
@@ -147,14 +148,15 @@ elif _db["ENGINE"] == "django.db.backends.postgresql" and env_bool("DB_POOL", Tr
             "max_size": env_int("DB_POOL_MAX", 10),
             "timeout": 10,
         },
-        # JIT compilation adds 15-30 ms to a large query and pays off only for analytics.
+        # JIT compilation adds time to a large query and pays off only for analytics
+        # (bench/reports/api.md, section "Figures moved from the code").
         "options": "-c jit=off",
     }
     if env_bool("DB_PREPARED", True):
         # Parameters bound by the server, and a statement run 5 times on a connection is
         # prepared there (psycopg's prepare_threshold): PostgreSQL stops parsing and planning
-        # the API's repeated statements on every request. bench/reports/api.md: create +26 %,
-        # get +40 %, list +9 %, search unchanged. Set DB_PREPARED=0 behind a pooler that cannot
+        # the API's repeated statements on every request (bench/reports/api.md, section
+        # "Figures moved from the code"). Set DB_PREPARED=0 behind a pooler that cannot
         # keep prepared statements (PgBouncer in transaction mode before 1.21, or without
         # max_prepared_statements).
         _db["OPTIONS"].update(server_side_binding=True, prepare_threshold=5)

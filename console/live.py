@@ -156,9 +156,9 @@ _pending: ContextVar[dict[int, list[Callable[[int], str]]] | None] = ContextVar(
 @contextmanager
 def coalesced() -> Iterator[None]:
     """Announce once, at the end, what a long operation would announce after each of its
-    batches. A revert of 250,000 entries commits 125 batches, and rendering the queue counts
-    reads the whole workspace (3-4 s at 1,000,000 entries): per batch, that was most of the
-    revert's time (bench/reports/maintenance.md, the revert section). The fragments are
+    batches. A whole-run revert commits many batches, and rendering the queue counts reads the
+    whole workspace: per batch, that was most of the revert's time (bench/reports/maintenance.md,
+    section "Faster backup, restore and revert", the revert). The fragments are
     rendered from committed state at the end — after the last commit, or on failure what the
     committed batches left — so a batch rolled back inside may still be announced: pages then
     show what is, once. Nested blocks announce at the outermost one's end."""

@@ -110,7 +110,9 @@ def _group_rows(
     """The fragments of every group to compact, in digest order (most important first, ties
     oldest first), by (project, session_key), without their content (``_add_content`` reads
     it one group at a time): one statement. (One per group scanned the workspace each time:
-    no index leads with the session key, and 96 groups took 73 s of a 1,000,000-entry plan.)"""
+    no index leads with the session key, so the cost grew with the groups times the workspace;
+    bench/reports/maintenance.md, section "Capped counts, one-read compaction, set-based
+    records", item 2.)"""
     members: dict[tuple[str, str], list[dict[str, Any]]] = {key: [] for key in keys}
     if not keys:
         return members

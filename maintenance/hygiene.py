@@ -156,9 +156,10 @@ class PlanVerdicts:
     back, and would hold their rows' locks until then), so they are spooled to a temporary file
     — memory stays flat at any size — and stored once its transaction is over: the apply, the
     next plan and the hygiene queue then read them instead of running the detectors again
-    (18 s of a plan's and 25 s of the apply's low-quality pass at 1,000,000 entries,
-    bench/reports/maintenance.md). A verdict names the title, content hash and patterns it was
-    made with, so one stored late for an entry changed meanwhile is simply never read."""
+    (most of the low-quality pass, in the plan and in the apply alike:
+    bench/reports/maintenance.md, section "Cheaper reverts, verdicts made once and in the
+    background"). A verdict names the title, content hash and patterns it was made with, so one
+    stored late for an entry changed meanwhile is simply never read."""
 
     def __init__(self, spool: IO[bytes]) -> None:
         self._file = spool
@@ -289,8 +290,10 @@ def assess_in_background(
     active latest entries without a valid stored verdict — written since, through any door, or
     made with other residue patterns — are assessed and stored, a batch at a time (each batch a
     short transaction of its own). The hygiene queue and the low-quality pass then find them
-    made instead of running the detectors in a request or inside a run's plan (at 1,000,000
-    entries the first queue took 354 s). Returns (entries assessed, whether none is left)."""
+    made instead of running the detectors in a request or inside a run's plan (on a large
+    workspace the first visitor of the queue waited minutes for them:
+    bench/reports/maintenance.md, section "Cheaper reverts, verdicts made once and in the
+    background"). Returns (entries assessed, whether none is left)."""
     _, patterns = read_policy(workspace)
     active = Entry.objects.filter(workspace=workspace, is_latest=True, status=Status.ACTIVE)
     return _assess_missing(workspace, active, patterns, until=until)

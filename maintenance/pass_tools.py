@@ -194,8 +194,9 @@ def transition(
     them again through the whole predicate, so a row that stopped qualifying meanwhile (an
     operator pinned or held it) is left alone. Restricted to a batch's ids, the predicate's
     link checks are index lookups per row; a keyset walk (``pk > last``, LIMIT) made
-    PostgreSQL build them as hash tables over every link and entry for each batch: 180 ms a
-    batch, 15 of the decay pass's 16 s at 100,000 entries."""
+    PostgreSQL build them as hash tables over every link and entry for each batch, most of the
+    decay pass's time (bench/reports/maintenance.md, section "On a quiet machine, and the batch
+    change")."""
     if plan_status.active():
         return _planned_transition(ctx, candidates, to_status=to_status, detail_fields=detail_fields)
     result = PassResult()

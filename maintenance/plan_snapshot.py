@@ -90,7 +90,8 @@ def snapshot() -> Iterator[bool]:
         # Django's own connection set-up: the same SQL functions and pragmas as the source.
         copy = connection.get_new_connection({**connection.get_connection_params(), "database": path})
         # A throwaway file: no syncing, and no journal while the pages are copied (into a WAL
-        # file they would be written twice: 1.3 s instead of 0.26 s for 180 MB here).
+        # file they would be written twice, several times slower: bench/reports/maintenance.md,
+        # section "SQLite's plan on a copy of the database").
         copy.execute("PRAGMA journal_mode=OFF")
         copy.execute("PRAGMA synchronous=OFF")
         source.backup(copy)

@@ -108,7 +108,8 @@ _LOOKUP: tuple[tuple[str, type[Model]], ...] = (("k", ApiKey), ("w", Workspace),
 def _live_key_sql(vendor: str) -> str:
     """``ApiKey.objects.select_related("workspace")`` plus the workspace's policy, filtered by
     hash and not revoked, as SQL written once: every API request runs it, and compiling it
-    through the ORM each time cost ~1 ms of the request's CPU (bench/reports/api.md)."""
+    through the ORM each time was a share of every request's CPU (bench/reports/api.md,
+    section "Figures moved from the code")."""
     q = connection.ops.quote_name
     columns = [f"{alias}.{q(f.column)}" for alias, model in _LOOKUP for f in model._meta.concrete_fields]
     return (

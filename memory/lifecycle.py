@@ -144,9 +144,10 @@ def _insert_from_entries(
     """One row of ``model`` per entry of ``ids``, in id order: ``INSERT INTO model (columns)
     SELECT expressions FROM memory_entry WHERE id IN ids ORDER BY id`` — ``values`` maps each
     field to an SQL expression over the entry's columns (``%s`` placeholders take ``params`` in
-    order). A model instance per row through ``bulk_create`` cost 65 µs a row against 14
-    (measured on 20,000 events, PostgreSQL): a first run of a million entries writes ~800,000
-    events."""
+    order). A model instance per row through ``bulk_create`` cost several times as much a row,
+    and a first run over a large workspace writes an event for most of its entries
+    (bench/reports/maintenance.md, section "Capped counts, one-read compaction, set-based
+    records", item 3)."""
     where, id_params = rawsql.in_values(ids)
     names = ", ".join(rawsql.column(model, name) for name in values)
     entry_id, workspace = rawsql.column(Entry, "id"), rawsql.column(Entry, "workspace")
@@ -206,8 +207,9 @@ def _events_each(
 ) -> None:
     """The events of a change with per-entry details, runs or reverted events. On PostgreSQL
     one INSERT … SELECT joining the entries with arrays of those: one prepared INSERT per row
-    (``executemany``) took 38 µs a row, 11 s of a whole-run revert of 293,000 entries, and a
-    model instance per row through ``bulk_create`` twice that. SQLite, in process, runs the
+    (``executemany``) was a large share of a whole-run revert, and a model instance per row
+    through ``bulk_create`` slower still (bench/reports/maintenance.md, section "Cheaper reverts,
+    verdicts made once and in the background", the revert). SQLite, in process, runs the
     prepared INSERT … SELECT per row."""
     runs = [run_of.get(i, event["run_id"]) if run_of is not None else event["run_id"] for i in ids]
     reverts = [reverts_of.get(i) for i in ids]

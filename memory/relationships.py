@@ -28,7 +28,9 @@ from memory.writes import (
 def link_partners(entry_ids: Iterable[int]) -> set[int]:
     """Ids at the other end of every link touching ``entry_ids`` — these entries included where
     they are linked to each other. One statement, each half an index lookup with the ids as one
-    array: an OR of two 2,000-id lists took 75 ms a batch in a whole-run revert."""
+    array: an OR of two id lists was a large share of every batch of a whole-run revert
+    (bench/reports/maintenance.md, section "Cheaper reverts, verdicts made once and in the
+    background")."""
     ids = list(entry_ids)
     if not ids:
         return set()

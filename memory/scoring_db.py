@@ -405,8 +405,9 @@ def _pk_batches(qs: QuerySet[Entry], size: int) -> Iterable[list[int]]:
 
 
 # A write touches few entries (itself and its link neighbours). Compiling the UPDATE above
-# costs ~6 ms of Python whatever the number of rows, so up to this many ids the scores are
-# computed in Python from the same inputs (four small reads) and written in one UPDATE.
+# costs the same Python whatever the number of rows, a lot beside a few rows, so up to this
+# many ids the scores are computed in Python from the same inputs (four small reads) and
+# written in one UPDATE (bench/reports/api.md, section "Figures moved from the code").
 FEW_IDS = 25
 
 
@@ -444,8 +445,9 @@ _RESCORE_INPUTS = (
 def _rescore_sql(vendor: str, count: int) -> tuple[str, str, str]:
     """The read (inputs of ``count`` latest entries, their counted links, anchor statuses and
     readers; rows locked in id order where the database can) and the two writes of
-    ``_rescore_in_python``, written once: compiling them through the ORM on every write cost
-    ~12 ms of CPU per rescored write on the benchmark machine (bench/reports/api.md)."""
+    ``_rescore_in_python``, written once: compiling them through the ORM on every write was
+    CPU spent again on every rescored write (bench/reports/api.md, section "Figures moved from
+    the code")."""
     e, rel, anchor, access = (rawsql.table(m) for m in (Entry, Relationship, CodeAnchor, EntryAccess))
 
     def c(model: Any, name: str, alias: str) -> str:
