@@ -8,7 +8,7 @@ The result goes to the caller whole; the run's row keeps at most ``AFFECTED_KEPT
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from maintenance.models import RunStatus
@@ -70,22 +70,22 @@ def empty_counts() -> dict[str, Any]:
     return Outcome().recorded_counts()
 
 
+@dataclass
 class Outcome:
-    """Counts and affected ids of one execution of the passes."""
+    """Counts, affected ids and details of one execution of the passes."""
 
-    def __init__(self) -> None:
-        # Every count but the bookkeeping rows, which are counted by kind apart.
-        self.counts: dict[str, int] = {key: 0 for key in COUNT_KEYS if key != ROWS_KEY}
-        self.reclaimed_rows: dict[str, int] = {}
-        self.ids: dict[str, list[int]] = {}
-        self.values: dict[str, dict[int, dict[str, Any]]] = {}
-        # Per count key, the per-row details its pass reported (``evicted``, ``expired``).
-        self.rows: dict[str, list[dict[str, Any]]] = {}
-        self.evaluated = 0  # candidates a decay sweep read
-        self.held: set[int] = set()
-        # A propose-mode outcome: the proposing passes' counts are proposals, nothing they name
-        # was changed.
-        self.proposed = False
+    # Every count but the bookkeeping rows, which are counted by kind apart.
+    counts: dict[str, int] = field(default_factory=lambda: {key: 0 for key in COUNT_KEYS if key != ROWS_KEY})
+    reclaimed_rows: dict[str, int] = field(default_factory=dict)
+    ids: dict[str, list[int]] = field(default_factory=dict)  # per count key, the ids it changed
+    values: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    # Per count key, the per-row details its pass reported (``evicted``, ``expired``).
+    rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    evaluated: int = 0  # candidates a decay sweep read
+    held: set[int] = field(default_factory=set)
+    # A propose-mode outcome: the proposing passes' counts are proposals, nothing they name
+    # was changed.
+    proposed: bool = False
 
     def add(self, key: str, result: PassResult) -> None:
         for kind, n in result.reclaimed_rows.items():
