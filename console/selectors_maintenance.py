@@ -47,7 +47,6 @@ from maintenance.models import Dispute, DisputeStatus, MaintenanceRun, Proposal,
 from maintenance.run_results import COUNT_KEYS, METRICS, PROPOSING, ROWS_KEY
 from maintenance.selectors import (
     EVENT_STATUS_OF,
-    EXCERPT_CHARS,
     AffectedIds,
     changed_entries,
     run_get,
@@ -55,7 +54,7 @@ from maintenance.selectors import (
 )
 from memory import capped, holds
 from memory.models import Entry, LifecycleEvent, Tombstone, Workspace
-from memory.models.choices import ID_MAX, Status
+from memory.models.choices import EXCERPT_CHARS, ID_MAX, Status
 from memory.models.entries import held
 from memory.policy_model import MaintenancePolicy
 

@@ -52,8 +52,9 @@ from console.selectors_maintenance import (
     tombstoned_entry_ids,
 )
 from maintenance import contradictions, hygiene_actions, proposals, revert
+from maintenance.hygiene import candidate_rows
 from maintenance.models import DisputeStatus, Resolution, RunKind, RunStatus
-from maintenance.selectors import folded_summary, hygiene_reason_codes, hygiene_rows, run_days, run_list
+from maintenance.selectors import folded_summary, hygiene_reason_codes, run_days, run_list
 from memory import entry_changes
 from memory.errors import Conflict, InvalidInput, NotFound, ServiceError
 from memory.models.choices import ID_MAX, TombstoneReason
@@ -206,7 +207,7 @@ def _hygiene_tab(request: HttpRequest, console: Console) -> dict[str, Any]:
     return {
         "known": {} if filtered else {"hygiene": page.paginator.count},
         "page": page,
-        "rows": hygiene_rows(list(page.object_list)),
+        "rows": candidate_rows(list(page.object_list)),
         "filters": {"recommendation": recommendation, "reason": reason},
         "reason_codes": hygiene_reason_codes(),
     }

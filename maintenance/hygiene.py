@@ -35,7 +35,7 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, Substr
 from django.utils import timezone
 
 from maintenance.hygiene_text import (
@@ -56,11 +56,11 @@ from maintenance.models import HygieneAssessment
 from maintenance.plan_status import status_in
 from memory.capped import capped_count
 from memory.models import Entry, Workspace
-from memory.models.choices import LIVE_STATUSES, Source, Status
+from memory.models.choices import EXCERPT_CHARS, LIVE_STATUSES, Source, Status
 from memory.policy import PolicyValues
 from memory.policy_model import MaintenancePolicy
 
-EXCERPT_CHARS = 300
+PREVIEW_EXCERPT_CHARS = 300  # the API preview's excerpt; listings show EXCERPT_CHARS
 BATCH_SIZE = 1000
 
 
@@ -553,31 +553,45 @@ def page(
     return listed, _listed(workspace, _page_rows(ranked, patterns))
 
 
-def preview(workspace: Workspace, *, limit: int = 50, offset: int = 0) -> dict[str, Any]:
-    """The hygiene queue: ``count`` candidates in all, and one page of them (``page``)."""
-    total, page_ = page(workspace, limit=limit, offset=offset)
+def candidate_rows(
+    candidates: Sequence[Candidate], *, excerpt_chars: int = EXCERPT_CHARS
+) -> list[dict[str, Any]]:
+    """A page of candidates with what a listing shows (one query): the console's table, the
+    command's, and the API's preview (whose excerpt is longer)."""
     rows = {
         r["pk"]: r
-        for r in Entry.objects.filter(pk__in=[c.id for c in page_]).values(
-            "pk", "title", "content", "entry_type", "source"
-        )
+        for r in Entry.objects.filter(pk__in=[c.id for c in candidates])
+        .annotate(excerpt=Substr("content", 1, excerpt_chars))
+        .values("pk", "title", "excerpt", "entry_type", "tier", "source")
     }
+    return [
+        {
+            "id": c.id,
+            "title": rows[c.id]["title"],
+            "excerpt": rows[c.id]["excerpt"],
+            "entry_type": rows[c.id]["entry_type"],
+            "tier": rows[c.id]["tier"],
+            "source": rows[c.id]["source"],
+            "created_at": c.created_at,
+            "access_count": c.access_count,
+            "score": c.score,
+            "reasons": [r.as_dict() for r in c.reasons],
+            "recommendation": c.recommendation,
+        }
+        for c in candidates
+        if c.id in rows  # purged between the scan and this read
+    ]
+
+
+def preview(workspace: Workspace, *, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+    """The hygiene queue: ``count`` candidates in all, and one page of them (``page``), each
+    as the API shows it (the excerpt as ``content_excerpt``)."""
+    total, page_ = page(workspace, limit=limit, offset=offset)
+    rows = candidate_rows(page_, excerpt_chars=PREVIEW_EXCERPT_CHARS)
     return {
         "count": total,
-        "candidates": [
-            {
-                "id": c.id,
-                "title": rows[c.id]["title"],
-                "content_excerpt": rows[c.id]["content"][:EXCERPT_CHARS],
-                "entry_type": rows[c.id]["entry_type"],
-                "source": rows[c.id]["source"],
-                "created_at": c.created_at,
-                "access_count": c.access_count,
-                "score": c.score,
-                "reasons": [r.as_dict() for r in c.reasons],
-                "recommendation": c.recommendation,
-            }
-            for c in page_
-            if c.id in rows
-        ],
+        "candidates": [{API_NAMES.get(k, k): v for k, v in r.items() if k != "tier"} for r in rows],
     }
+
+
+API_NAMES = {"excerpt": "content_excerpt"}  # the preview's names of a candidate row's keys

@@ -8,9 +8,7 @@ from dataclasses import asdict
 from typing import Any, overload
 
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
-from django.db.models.functions import Substr
 
-from maintenance import hygiene_text
 from maintenance.models import (
     Backup,
     Dispute,
@@ -22,8 +20,8 @@ from maintenance.models import (
 )
 from maintenance.run_results import AFFECTED_LISTS, affected_lists
 from memory.errors import NotFound
-from memory.models import CodeAnchor, Entry, LifecycleEvent, Relationship, Tag, Tombstone, Workspace
-from memory.models.choices import EXCERPT_CHARS, AnchorStatus, Status
+from memory.models import CodeAnchor, LifecycleEvent, Relationship, Tag, Tombstone, Workspace
+from memory.models.choices import AnchorStatus, Status
 from memory.policy_model import MaintenancePolicy
 from memory.selectors import status_counts
 
@@ -236,33 +234,6 @@ def workspace_stats(workspace: Workspace) -> dict[str, Any]:
 
 
 # --- hygiene candidates, as pages and the command show them --------------------------------
-
-
-def hygiene_rows(candidates: Sequence[hygiene_text.Candidate]) -> list[dict[str, Any]]:
-    """One page of candidates with what the table shows (one query)."""
-    rows = {
-        r["pk"]: r
-        for r in Entry.objects.filter(pk__in=[c.id for c in candidates])
-        .annotate(excerpt=Substr("content", 1, EXCERPT_CHARS))
-        .values("pk", "title", "excerpt", "entry_type", "tier", "source")
-    }
-    return [
-        {
-            "id": c.id,
-            "title": rows[c.id]["title"],
-            "excerpt": rows[c.id]["excerpt"],
-            "entry_type": rows[c.id]["entry_type"],
-            "tier": rows[c.id]["tier"],
-            "source": rows[c.id]["source"],
-            "created_at": c.created_at,
-            "access_count": c.access_count,
-            "score": c.score,
-            "reasons": [r.as_dict() for r in c.reasons],
-            "recommendation": c.recommendation,
-        }
-        for c in candidates
-        if c.id in rows  # purged between the scan and this read
-    ]
 
 
 def hygiene_reason_codes() -> list[str]:

@@ -9,7 +9,8 @@ from django.core.management.base import CommandParser
 
 from cli.management.commands._base import WorkspaceCommand
 from maintenance import hygiene, hygiene_actions
-from maintenance.selectors import hygiene_reason_codes, hygiene_rows
+from maintenance.hygiene import candidate_rows
+from maintenance.selectors import hygiene_reason_codes
 
 LINE_CHARS = 70
 
@@ -71,7 +72,7 @@ def queue(
     matching, found = hygiene.page(
         workspace, limit=limit, offset=offset, recommendation=recommendation, reason=reason
     )
-    rows = hygiene_rows(found)
+    rows = candidate_rows(found)
     return {
         "count": matching,
         "total": hygiene.count(workspace) if recommendation or reason else matching,
