@@ -110,11 +110,6 @@ def _see_other(url: str) -> HttpResponse:
     return response
 
 
-def _policy_row(console: Console) -> MaintenancePolicy:
-    """The stored policy, or an unsaved one with the defaults (a GET never writes)."""
-    return MaintenancePolicy.read(console.workspace)
-
-
 def _groups(form: PolicyForm, policy: MaintenancePolicy) -> list[dict[str, Any]]:
     """The settings by purpose (``console.settings_help``), each with its form field (for
     an admin), its stored value, unit, range and the sentence on what it does."""
@@ -153,7 +148,7 @@ def _render(
     new_key: tuple[ApiKey, str] | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    policy = policy_form.instance if policy_form is not None else _policy_row(console)
+    policy = policy_form.instance if policy_form is not None else MaintenancePolicy.read(console.workspace)
     if policy_form is None:
         policy_form = PolicyForm(instance=policy)
     context = {
@@ -185,7 +180,7 @@ def settings_page(request: HttpRequest, console: Console) -> HttpResponse:
 def settings_policy(request: HttpRequest, console: Console) -> HttpResponse:
     """Change the policy: only the settings that changed are written, clamped into range."""
     changed: list[str] = []
-    form = PolicyForm(request.POST, instance=_policy_row(console))
+    form = PolicyForm(request.POST, instance=MaintenancePolicy.read(console.workspace))
     if form.is_valid():
         changed = [name for name in POLICY_FIELDS if name in form.changed_data]
         # The form has validated and set them on its instance (the model's clean checks patterns).

@@ -590,8 +590,8 @@ def preview(workspace: Workspace, *, limit: int = 50, offset: int = 0) -> dict[s
     rows = candidate_rows(page_, excerpt_chars=PREVIEW_EXCERPT_CHARS)
     return {
         "count": total,
-        "candidates": [{API_NAMES.get(k, k): v for k, v in r.items() if k != "tier"} for r in rows],
+        "candidates": [
+            {("content_excerpt" if k == "excerpt" else k): v for k, v in r.items() if k != "tier"}
+            for r in rows
+        ],
     }
-
-
-API_NAMES = {"excerpt": "content_excerpt"}  # the preview's names of a candidate row's keys
