@@ -28,7 +28,6 @@ from django.utils.dateparse import parse_datetime
 from memory.errors import InvalidInput
 from memory.models import Entry, Workspace
 from memory.models.choices import OFFSET_MAX, Status
-from memory.models.entries import count_index
 from memory.search_query import ParsedQuery, parse_query
 from memory.selectors import bounded_count
 
@@ -149,7 +148,7 @@ def _visible(workspace_id: int, statuses: list[str]) -> int:
     """The workspace's latest entries a search may return (exact up to 10,000, then cached)."""
     rows = Entry.objects.filter(workspace_id=workspace_id, is_latest=True, status__in=statuses)
     return bounded_count(
-        rows.on_index(count_index(statuses)).order_by(), key=f"search-visible:{workspace_id}:{statuses!r}"
+        rows.on_index("entry_by_importance").order_by(), key=f"search-visible:{workspace_id}:{statuses!r}"
     )
 
 

@@ -27,7 +27,7 @@ from memory.models import (
     Workspace,
 )
 from memory.models.choices import CAUSAL_TYPES, LISTED_STATUSES, Status
-from memory.models.entries import EntryQuerySet, count_index, stored_retention, visible_statuses
+from memory.models.entries import EntryQuerySet, stored_retention, visible_statuses
 
 # Lists count exactly up to this many rows; a larger total is counted once and cached for
 # COUNT_CACHE_SECONDS (counting 900,000 rows costs ~80 ms on every page otherwise).
@@ -161,8 +161,8 @@ def _entry_rows(
     project: str | None = None,
     include_archived: bool = False,
     include_staged: bool = False,
-) -> tuple[EntryQuerySet, list[str]]:
-    """The rows of ``entry_list`` (unsorted) and the statuses they may have."""
+) -> EntryQuerySet:
+    """The rows of ``entry_list`` (unsorted)."""
     statuses = visible_statuses(
         include_archived=include_archived or status == Status.ARCHIVED,
         include_staged=include_staged or status == Status.STAGED,
@@ -170,7 +170,6 @@ def _entry_rows(
     qs = Entry.objects.of(workspace).filter(is_latest=True, status__in=statuses)
     if status:
         qs = qs.filter(status=status)
-        statuses = [s for s in statuses if s == status]
     if entry_type:
         qs = qs.filter(entry_type=entry_type)
     if tier:
@@ -183,7 +182,7 @@ def _entry_rows(
             entry_id=OuterRef("pk"), tag__workspace=workspace, tag__name=tag
         )
         qs = qs.filter(Exists(tagged))
-    return qs, statuses
+    return qs
 
 
 def entry_list(workspace: Workspace, *, sort: str = "importance", **filters: Any) -> QuerySet[Entry]:
@@ -192,7 +191,7 @@ def entry_list(workspace: Workspace, *, sort: str = "importance", **filters: Any
     its tags with ``with_tag_names`` (or ``prefetch_related("tags")``): one query whatever
     its size. Asking for ``status=archived`` or ``status=staged`` implies including them.
     Count them with ``entry_list_counted``."""
-    qs, _statuses = _entry_rows(workspace, **filters)
+    qs = _entry_rows(workspace, **filters)
     if sort in ENTRY_SORTS_ON_INDEX:  # every visible entry is in it: no row changes
         qs = qs.on_index("entry_by_importance")
     return qs.select_related("score").order_by(*ENTRY_SORTS[sort])
@@ -200,9 +199,9 @@ def entry_list(workspace: Workspace, *, sort: str = "importance", **filters: Any
 
 def entry_list_counted(workspace: Workspace, **filters: Any) -> QuerySet[Entry]:
     """The rows of ``entry_list`` with the same filters, to count: unsorted, with the
-    condition of the partial index that counts them fastest (``models.count_index``)."""
-    qs, statuses = _entry_rows(workspace, **filters)
-    return qs.on_index(count_index(statuses))
+    condition of the partial index that holds them all (``entry_by_importance``)."""
+    qs = _entry_rows(workspace, **filters)
+    return qs.on_index("entry_by_importance")
 
 
 def with_tag_names(entries: list[Entry]) -> list[Entry]:

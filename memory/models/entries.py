@@ -117,19 +117,6 @@ def visible_statuses(*, include_archived: bool = False, include_staged: bool = F
     return statuses
 
 
-# Latest entries in these statuses are all in the partial index ``entry_sweep_age`` (by
-# workspace and status): it counts them without reading rows in any particular order.
-COUNT_INDEX_STATUSES = (Status.ACTIVE, Status.STALE, Status.ARCHIVED)
-
-
-def count_index(statuses: list[str] | tuple[str, ...]) -> str:
-    """The partial index that counts the latest entries of ``statuses`` fastest (its condition
-    repeated with ``on_index``): ``entry_sweep_age`` when it holds them all (ordered by
-    status, then by when it changed: about the table's own order), else ``entry_by_importance``
-    (every latest entry but tombstones)."""
-    return "entry_sweep_age" if set(statuses) <= set(COUNT_INDEX_STATUSES) else "entry_by_importance"
-
-
 def held(*, now: datetime, hold_days: int) -> Q:
     """Under an operator hold: set by an operator's decision, cleared by a release or
     a new version, and over after ``hold_days`` when that is > 0."""
@@ -270,15 +257,17 @@ class Entry(models.Model):
                 name="entry_not_superseding_itself",
             ),
         ]
+        # No index names ``status`` or ``status_changed_at``, as a key or in a condition: a
+        # status change then rewrites none of them, and on PostgreSQL it is a HOT update when
+        # the page has room (the table's fillfactor, migration 0017). Lists filter the status
+        # off the rows they read in an index's order; the sweeps read their rows in one pass.
+        # Measured: bench/reports/maintenance.md, "What a status change costs in the entry row".
         indexes = [
-            # Lists and the dashboard: latest visible entries of a workspace by importance.
-            # Every latest entry but tombstones, by importance then id: lists (any filter of
-            # statuses) and the walk of a broad search read it in order, without sorting.
+            # Every latest entry, tombstones included, by importance then id: lists (any filter
+            # of statuses), their counts and the walk of a broad search read it in order.
             models.Index(
                 fields=["workspace", "-importance", "-id"],
-                condition=Q(
-                    is_latest=True, status__in=[Status.ACTIVE, Status.STALE, Status.STAGED, Status.ARCHIVED]
-                ),
+                condition=Q(is_latest=True),
                 name="entry_by_importance",
             ),
             models.Index(
@@ -290,9 +279,7 @@ class Entry(models.Model):
             # and the importance index would be walked to its end to find that out.
             models.Index(
                 fields=["workspace", "-importance", "-id"],
-                condition=Q(
-                    is_latest=True, tier=Tier.CONSTITUTIONAL, status__in=[Status.ACTIVE, Status.STALE]
-                ),
+                condition=Q(is_latest=True, tier=Tier.CONSTITUTIONAL),
                 name="entry_constitutional",
             ),
             models.Index(fields=["lineage_id"], name="entry_lineage"),
@@ -309,23 +296,19 @@ class Entry(models.Model):
             # retention off the rows this index finds.
             models.Index(
                 fields=["workspace", "id"],
-                condition=Q(is_latest=True, status__in=[Status.ACTIVE, Status.STALE], tier=Tier.EPISODIC),
+                condition=Q(is_latest=True, tier=Tier.EPISODIC),
                 name="entry_sweep_decay_rows",
             ),
+            # Staged traces by TTL: only a staged write sets one (a graduated entry keeps it).
             models.Index(
                 fields=["workspace", "ttl_expires_at"],
-                condition=Q(is_latest=True, status=Status.STAGED),
+                condition=Q(is_latest=True, ttl_expires_at__isnull=False),
                 name="entry_sweep_staged",
             ),
             models.Index(
                 fields=["workspace", "expires_at"],
                 condition=Q(is_latest=True, expires_at__isnull=False),
                 name="entry_sweep_ttl",
-            ),
-            models.Index(
-                fields=["workspace", "status", "status_changed_at"],
-                condition=Q(is_latest=True, status__in=[Status.ACTIVE, Status.STALE, Status.ARCHIVED]),
-                name="entry_sweep_age",
             ),
         ]
 
