@@ -34,7 +34,7 @@ from maintenance.plan_status import status_in
 from memory import lifecycle
 from memory.models import Entry, EntryAccess, LifecycleEvent, Relationship, Tag, Tombstone, Workspace
 from memory.models.choices import LISTED_STATUSES, EntryType, StagedClass, Status, Tier, TombstoneReason
-from memory.scoring_db import plan_scores, refresh_scores
+from memory.scoring_db import plan_scores, refresh_whole
 
 GRADUATING_CLASSES = (StagedClass.PROCEDURAL, StagedClass.CONCEPTUAL, StagedClass.REFERENCE)
 GRADUATION_TAGS = ("consolidated", "graduated")
@@ -55,7 +55,7 @@ def score(ctx: RunContext) -> PassResult:
         return PassResult(
             count=plan_scores(ctx.workspace, now=ctx.now, params=ctx.policy.decay_params, live_since=ctx.now)
         )
-    n = refresh_scores(
+    n = refresh_whole(
         ctx.workspace,
         now=ctx.now,
         params=ctx.policy.decay_params,
@@ -87,19 +87,19 @@ def graduate_staged(ctx: RunContext) -> PassResult:
     )
     result = PassResult()
     tags = _tags(ctx.workspace, GRADUATION_TAGS)
-    last = 0
-    while True:
+    # The ids read once (one pass over the entries), then each batch locked and read again
+    # through the whole predicate, as ``transition`` does: no index holds the staged entries.
+    ids_all = list(candidates.order_by("pk").values_list("pk", flat=True))
+    for start in range(0, len(ids_all), ctx.batch_size):
         with transaction.atomic():
-            rows = list(
-                candidates.filter(pk__gt=last)
+            ids = list(
+                candidates.filter(pk__any_of=ids_all[start : start + ctx.batch_size])
                 .select_for_update(of=("self",))
                 .order_by("pk")
-                .values("pk", "status")[: ctx.batch_size]
+                .values_list("pk", flat=True)
             )
-            if not rows:
-                break
-            last = rows[-1]["pk"]
-            ids = [r["pk"] for r in rows]
+            if not ids:
+                continue
             lifecycle.change_status(
                 ctx.workspace.pk, ids, Status.ACTIVE, **automatic_event(ctx, "graduate"), columns=GRADUATION
             )

@@ -15,7 +15,7 @@ from memory import accounts, entry_changes, new_entries
 from memory.models import CodeAnchor, Entry, EntryAccess, Relationship, Workspace
 from memory.models.choices import CAUSAL_TYPES
 from memory.scoring import DecayParams, importance, retention
-from memory.scoring_db import FEW_IDS, refresh_scores, rescore
+from memory.scoring_db import FEW_IDS, refresh_scores, refresh_whole, rescore
 from tests.helpers_scores import set_scores
 
 pytestmark = pytest.mark.django_db
@@ -410,3 +410,66 @@ def test_a_timestamp_just_below_a_whole_second_keeps_its_second(workspace, now, 
     assert Entry.objects.values_list("importance", flat=True).get(pk=entry.pk) == pytest.approx(
         written, abs=1e-12
     )
+
+
+def _stored_scores(workspace):
+    return {
+        pk: (imp, ret, at)
+        for pk, imp, ret, at in Entry.objects.filter(workspace=workspace, is_latest=True).values_list(
+            "pk", "importance", "score__retention", "score__scored_at"
+        )
+    }
+
+
+def test_the_whole_refresh_stores_what_the_batched_refresh_stores(workspace, other_workspace, now):
+    """The run's score pass (``refresh_whole``: every score by one statement into a temporary
+    table, then written in batches) stores the values the batched refresh stores, only in the
+    workspace's latest entries."""
+    rnd = random.Random(11)
+    _build(workspace, [_entry_spec(rnd) for _ in range(150)], [_link_spec(rnd) for _ in range(150)], now)
+    theirs = new_entries.entry_create(workspace=other_workspace, content="theirs")
+    set_scores([theirs.pk], importance=0.777, scored_at=None)
+    params = DecayParams(lam=0.05)
+    latest = Entry.objects.filter(workspace=workspace, is_latest=True).count()
+    assert 0 < latest < 150  # some are older versions
+    assert refresh_scores(workspace, now=now, params=params) == latest
+    batched = _stored_scores(workspace)
+    old = Entry.objects.filter(workspace=workspace, is_latest=False).values_list("pk", "importance")
+    old = dict(old)
+    set_scores(batched, importance=0.5, retention=0.5, scored_at=None)
+
+    assert refresh_whole(workspace, now=now, params=params, batch_size=40) == latest
+    assert _stored_scores(workspace) == batched
+    assert (
+        dict(Entry.objects.filter(workspace=workspace, is_latest=False).values_list("pk", "importance"))
+        == old
+    )
+    theirs.refresh_from_db()
+    assert (theirs.importance, theirs.scored_at) == (0.777, None)
+    with connection.cursor() as cursor:  # the temporary table is gone
+        cursor.execute(
+            "SELECT count(*) FROM pg_tables WHERE tablename = 'memory_wholescore'"
+            if connection.vendor == "postgresql"
+            else "SELECT count(*) FROM temp.sqlite_master WHERE name = 'memory_wholescore'"
+        )
+        assert cursor.fetchone()[0] == 0
+
+
+def test_an_entry_rescored_during_the_whole_refresh_keeps_its_newer_score(workspace, now):
+    """A write rescored an entry after the pass read its inputs: the batch that reaches it
+    leaves it (and its importance) as that write stored them."""
+    ids = [new_entries.entry_create(workspace=workspace, content=f"entry {i}").pk for i in range(6)]
+    set_scores(ids, importance=0.5, retention=0.5, scored_at=now - timedelta(days=1))
+    later = now + timedelta(days=30)
+    batches = []
+
+    def meanwhile():
+        batches.append(1)
+        if len(batches) == 1:  # after the first batch: a write rescores the last entry
+            set_scores([ids[-1]], importance=0.123, retention=0.456, scored_at=later)
+
+    refresh_whole(workspace, now=now, params=DecayParams(), batch_size=2, on_batch=meanwhile)
+    assert len(batches) == 3
+    stored = _stored_scores(workspace)
+    assert stored[ids[-1]] == (0.123, 0.456, later)
+    assert {stored[pk][2] for pk in ids[:-1]} == {now}

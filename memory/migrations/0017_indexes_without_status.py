@@ -1,68 +1,112 @@
-"""No index of ``memory_entry`` names ``status`` (as a key or in a partial index's condition)
-any more, and on PostgreSQL the table keeps room on its pages (fillfactor 70): a status change
-then touches no index, and PostgreSQL writes it as a HOT update beside the old version. A first
-maintenance run of a large workspace changes the status of most of its entries; each of those
-changes added an entry to every index before. ``entry_sweep_age`` goes (the sweeps by age read
-their rows in one pass); the other four keep their names and keys without the status.
+"""No index of ``memory_entry`` names ``status`` any more, as a key or in a partial index's
+condition: a status change then changes no indexed column, and on PostgreSQL it is a HOT update
+(the new version beside the old on its page, which keeps room for it: fillfactor 70, migration
+0010) instead of a new entry in each of the table's indexes. A first maintenance run of a large
+workspace changes the status of most of its entries.
 
-The fillfactor applies to pages written from now on; an existing table gets it on its next
-rewrite (``VACUUM FULL memory_entry``, which locks the table while it runs)."""
+Four indexes keep their names and keys without the status; ``entry_sweep_age`` goes (the
+sweeps by age read their rows in one pass). Not atomic on PostgreSQL: each new index is built
+CONCURRENTLY under a temporary name, the old one dropped CONCURRENTLY, the new one renamed, so
+a deployed database keeps answering writes of memory_entry meanwhile.
+"""
 
 from django.db import migrations, models
 
-FILLFACTOR = 70
+OLD = [
+    models.Index(
+        condition=models.Q(("is_latest", True), ("status__in", ["active", "stale", "staged", "archived"])),
+        fields=["workspace", "-importance", "-id"],
+        name="entry_by_importance",
+    ),
+    models.Index(
+        condition=models.Q(
+            ("is_latest", True), ("status__in", ["active", "stale"]), ("tier", "constitutional")
+        ),
+        fields=["workspace", "-importance", "-id"],
+        name="entry_constitutional",
+    ),
+    models.Index(
+        condition=models.Q(("is_latest", True), ("status__in", ["active", "stale"]), ("tier", "episodic")),
+        fields=["workspace", "id"],
+        name="entry_sweep_decay_rows",
+    ),
+    models.Index(
+        condition=models.Q(("is_latest", True), ("status", "staged")),
+        fields=["workspace", "ttl_expires_at"],
+        name="entry_sweep_staged",
+    ),
+]
+NEW = [
+    models.Index(
+        condition=models.Q(("is_latest", True)),
+        fields=["workspace", "-importance", "-id"],
+        name="entry_by_importance",
+    ),
+    models.Index(
+        condition=models.Q(("is_latest", True), ("tier", "constitutional")),
+        fields=["workspace", "-importance", "-id"],
+        name="entry_constitutional",
+    ),
+    models.Index(
+        condition=models.Q(("is_latest", True), ("tier", "episodic")),
+        fields=["workspace", "id"],
+        name="entry_sweep_decay_rows",
+    ),
+    models.Index(
+        condition=models.Q(("is_latest", True), ("ttl_expires_at__isnull", False)),
+        fields=["workspace", "ttl_expires_at"],
+        name="entry_sweep_staged",
+    ),
+]
+AGE = models.Index(
+    condition=models.Q(("is_latest", True), ("status__in", ["active", "stale", "archived"])),
+    fields=["workspace", "status", "status_changed_at"],
+    name="entry_sweep_age",
+)
 
 
-def fillfactor(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f"ALTER TABLE memory_entry SET (fillfactor = {FILLFACTOR})")
+def _renamed(index, name):
+    fresh = index.clone()
+    fresh.name = name
+    return fresh
 
 
-def default_fillfactor(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("ALTER TABLE memory_entry RESET (fillfactor)")
+def _swap(schema_editor, model, olds, news):
+    """Replace each index of ``olds`` by the one of ``news`` with its name: built under a
+    temporary name first (concurrently on PostgreSQL), then the old dropped and the new renamed."""
+    concurrently = {"concurrently": True} if schema_editor.connection.vendor == "postgresql" else {}
+    for old, new in zip(olds, news, strict=True):
+        building = _renamed(new, f"{new.name}_new")
+        schema_editor.add_index(model, building, **concurrently)
+        schema_editor.remove_index(model, old, **concurrently)
+        schema_editor.rename_index(model, building, new)
+
+
+def forward(apps, schema_editor):
+    entry = apps.get_model("memory", "Entry")
+    _swap(schema_editor, entry, OLD, NEW)
+    concurrently = {"concurrently": True} if schema_editor.connection.vendor == "postgresql" else {}
+    schema_editor.remove_index(entry, AGE, **concurrently)
+
+
+def reverse(apps, schema_editor):
+    entry = apps.get_model("memory", "Entry")
+    concurrently = {"concurrently": True} if schema_editor.connection.vendor == "postgresql" else {}
+    schema_editor.add_index(entry, AGE, **concurrently)
+    _swap(schema_editor, entry, NEW, OLD)
 
 
 class Migration(migrations.Migration):
+    atomic = False
+
     dependencies = [("memory", "0016_maintenance_policy")]
 
     operations = [
-        migrations.RemoveIndex(model_name="entry", name="entry_sweep_staged"),
-        migrations.RemoveIndex(model_name="entry", name="entry_sweep_age"),
-        migrations.RemoveIndex(model_name="entry", name="entry_by_importance"),
-        migrations.RemoveIndex(model_name="entry", name="entry_constitutional"),
-        migrations.RemoveIndex(model_name="entry", name="entry_sweep_decay_rows"),
-        migrations.AddIndex(
-            model_name="entry",
-            index=models.Index(
-                condition=models.Q(("is_latest", True)),
-                fields=["workspace", "-importance", "-id"],
-                name="entry_by_importance",
-            ),
+        migrations.SeparateDatabaseAndState(
+            database_operations=[migrations.RunPython(forward, reverse)],
+            state_operations=[
+                *(migrations.RemoveIndex(model_name="entry", name=index.name) for index in [*OLD, AGE]),
+                *(migrations.AddIndex(model_name="entry", index=index) for index in NEW),
+            ],
         ),
-        migrations.AddIndex(
-            model_name="entry",
-            index=models.Index(
-                condition=models.Q(("is_latest", True), ("tier", "constitutional")),
-                fields=["workspace", "-importance", "-id"],
-                name="entry_constitutional",
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="entry",
-            index=models.Index(
-                condition=models.Q(("is_latest", True), ("tier", "episodic")),
-                fields=["workspace", "id"],
-                name="entry_sweep_decay_rows",
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="entry",
-            index=models.Index(
-                condition=models.Q(("is_latest", True), ("ttl_expires_at__isnull", False)),
-                fields=["workspace", "ttl_expires_at"],
-                name="entry_sweep_staged",
-            ),
-        ),
-        migrations.RunPython(fillfactor, default_fillfactor),
     ]

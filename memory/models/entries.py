@@ -259,7 +259,7 @@ class Entry(models.Model):
         ]
         # No index names ``status`` or ``status_changed_at``, as a key or in a condition: a
         # status change then rewrites none of them, and on PostgreSQL it is a HOT update when
-        # the page has room (the table's fillfactor, migration 0017). Lists filter the status
+        # the page has room (the table's fillfactor, migration 0010). Lists filter the status
         # off the rows they read in an index's order; the sweeps read their rows in one pass.
         # Measured: bench/reports/maintenance.md, "What a status change costs in the entry row".
         indexes = [
