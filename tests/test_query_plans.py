@@ -146,7 +146,8 @@ def test_no_index_names_the_status():
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT indexname FROM pg_indexes WHERE tablename = 'memory_entry' AND indexdef LIKE '%%status%%'"
+                "SELECT indexname FROM pg_indexes"
+                " WHERE tablename = 'memory_entry' AND indexdef LIKE '%%status%%'"
             )
             assert cursor.fetchall() == []
             cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'memory_entry'")
