@@ -87,8 +87,8 @@ def graduate_staged(ctx: RunContext) -> PassResult:
     )
     result = PassResult()
     tags = _tags(ctx.workspace, GRADUATION_TAGS)
-    # The ids read once (one pass over the entries), then each batch locked and read again
-    # through the whole predicate, as ``transition`` does: no index holds the staged entries.
+    # The ids read once, then each batch locked and read again through the whole predicate,
+    # as ``transition`` does (a keyset walk of the primary key read the table once per batch).
     ids_all = list(candidates.order_by("pk").values_list("pk", flat=True))
     for start in range(0, len(ids_all), ctx.batch_size):
         with transaction.atomic():

@@ -290,10 +290,14 @@ def refresh_whole(
             sql_params,
         )
         scored = cursor.rowcount
-    # Rows of the batch whose stored score is still the one read with the inputs.
+    if on_batch is not None:
+        on_batch()  # the statement took a while: renew the lease before the writes
+    # Rows of the batch whose stored score is still the one read with the inputs (SQLite
+    # before 3.39 has no IS DISTINCT FROM; its IS NOT is the same comparison).
+    distinct = "IS DISTINCT FROM" if connection.vendor == "postgresql" else "IS NOT"
     unchanged = (
         f"NOT EXISTS (SELECT 1 FROM {s} sc WHERE sc.{entry_id} = t.entry_id"
-        f" AND sc.{scored_at} IS DISTINCT FROM t.seen_at)"
+        f" AND sc.{scored_at} {distinct} t.seen_at)"
     )
     in_batch = "t.entry_id > %s AND t.entry_id <= %s"
     write_importance = (
@@ -301,9 +305,11 @@ def refresh_whole(
         f" AND {in_batch} AND {e}.{latest} AND {e}.{importance} <> t.importance"
         f" AND {unchanged}"
     )
-    # (The WHERE also keeps SQLite from reading "ON CONFLICT" as a join's ON.)
+    # Only entries still there and latest: an operator may purge one meanwhile. (The WHERE
+    # also keeps SQLite from reading "ON CONFLICT" as a join's ON.)
     write_retention = _upsert_scores(
-        f"SELECT t.entry_id, t.retention, %s FROM {temp} t WHERE {in_batch} AND {unchanged}"
+        f"SELECT t.entry_id, t.retention, %s FROM {temp} t JOIN {e} ON {e}.{pk} = t.entry_id"
+        f" WHERE {in_batch} AND {e}.{latest} AND {unchanged}"
     )
     stamp_value = connection.ops.adapt_datetimefield_value(now)
     try:

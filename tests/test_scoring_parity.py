@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from memory import accounts, entry_changes, new_entries
-from memory.models import CodeAnchor, Entry, EntryAccess, Relationship, Workspace
+from memory.models import CodeAnchor, Entry, EntryAccess, EntryScore, Relationship, Workspace
 from memory.models.choices import CAUSAL_TYPES
 from memory.scoring import DecayParams, importance, retention
 from memory.scoring_db import FEW_IDS, refresh_scores, refresh_whole, rescore
@@ -465,11 +465,31 @@ def test_an_entry_rescored_during_the_whole_refresh_keeps_its_newer_score(worksp
 
     def meanwhile():
         batches.append(1)
-        if len(batches) == 1:  # after the first batch: a write rescores the last entry
+        if len(batches) == 2:  # after the statement and the first batch: a write rescores the last
             set_scores([ids[-1]], importance=0.123, retention=0.456, scored_at=later)
 
     refresh_whole(workspace, now=now, params=DecayParams(), batch_size=2, on_batch=meanwhile)
-    assert len(batches) == 3
+    assert len(batches) == 4  # after the statement, then after each of three batches
     stored = _stored_scores(workspace)
     assert stored[ids[-1]] == (0.123, 0.456, later)
     assert {stored[pk][2] for pk in ids[:-1]} == {now}
+
+
+def test_an_entry_purged_during_the_whole_refresh_gets_no_score_row(workspace, now):
+    """An operator's purge does not wait for the run's lease: an entry deleted after the pass
+    read its inputs is skipped by the batch that reaches it (its score row would name an entry
+    that no longer exists, and fail the batch's commit on its foreign key)."""
+    ids = [new_entries.entry_create(workspace=workspace, content=f"entry {i}").pk for i in range(6)]
+    EntryScore.objects.filter(entry_id__in=ids).delete()
+    batches = []
+
+    def meanwhile():
+        batches.append(1)
+        if len(batches) == 2:  # after the statement and the first batch
+            Entry.objects.filter(pk=ids[-1]).delete()
+
+    refresh_whole(workspace, now=now, params=DecayParams(), batch_size=2, on_batch=meanwhile)
+    assert set(
+        EntryScore.objects.filter(entry__workspace=workspace).values_list("entry_id", flat=True)
+    ) == set(ids[:-1])
+    assert not EntryScore.objects.filter(entry_id=ids[-1]).exists()

@@ -7,7 +7,8 @@ workspace changes the status of most of its entries.
 Four indexes keep their names and keys without the status; ``entry_sweep_age`` goes (the
 sweeps by age read their rows in one pass). Not atomic on PostgreSQL: each new index is built
 CONCURRENTLY under a temporary name, the old one dropped CONCURRENTLY, the new one renamed, so
-a deployed database keeps answering writes of memory_entry meanwhile.
+a deployed database keeps answering writes of memory_entry meanwhile; run again after an
+interruption, it drops what the interrupted attempt left and goes on.
 """
 
 from django.db import migrations, models
@@ -72,21 +73,30 @@ def _renamed(index, name):
 
 
 def _swap(schema_editor, model, olds, news):
-    """Replace each index of ``olds`` by the one of ``news`` with its name: built under a
-    temporary name first (concurrently on PostgreSQL), then the old dropped and the new renamed."""
-    concurrently = {"concurrently": True} if schema_editor.connection.vendor == "postgresql" else {}
+    """Replace each index of ``olds`` by the one of ``news`` with its name. On PostgreSQL the
+    new one is built concurrently under a temporary name first (one left by an interrupted
+    attempt, possibly invalid, is dropped before), then the old dropped and the new renamed;
+    SQLite, which cannot rename an index, simply drops the old and builds the new."""
+    if schema_editor.connection.vendor != "postgresql":
+        for old, new in zip(olds, news, strict=True):
+            schema_editor.remove_index(model, old)
+            schema_editor.add_index(model, new)
+        return
     for old, new in zip(olds, news, strict=True):
         building = _renamed(new, f"{new.name}_new")
-        schema_editor.add_index(model, building, **concurrently)
-        schema_editor.remove_index(model, old, **concurrently)
+        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {building.name}")
+        schema_editor.add_index(model, building, concurrently=True)
+        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {old.name}")
         schema_editor.rename_index(model, building, new)
 
 
 def forward(apps, schema_editor):
     entry = apps.get_model("memory", "Entry")
     _swap(schema_editor, entry, OLD, NEW)
-    concurrently = {"concurrently": True} if schema_editor.connection.vendor == "postgresql" else {}
-    schema_editor.remove_index(entry, AGE, **concurrently)
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {AGE.name}")
+    else:
+        schema_editor.remove_index(entry, AGE)
 
 
 def reverse(apps, schema_editor):

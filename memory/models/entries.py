@@ -37,8 +37,8 @@ class IndexCondition(Expression):
     """The condition of one of ``model``'s partial indexes, rendered as the index's own
     definition renders it: values as SQL literals. SQLite uses a partial index only when the
     query's WHERE repeats every term of the index's condition, and it compares values only
-    when they are literals: ``status IN (?, ?)`` with bound parameters (what Django sends)
-    never proves ``status IN ('active', 'stale', 'staged', 'archived')``. PostgreSQL proves
+    when they are literals: ``tier = ?`` with a bound parameter (what Django sends) never
+    proves ``tier = 'constitutional'``. PostgreSQL proves
     the implication itself except in a generic prepared plan (``DB_PREPARED``), which the
     literals help too. Filtering by it changes no result when the query's own filter implies
     the condition; the caller makes sure it does."""
@@ -257,11 +257,13 @@ class Entry(models.Model):
                 name="entry_not_superseding_itself",
             ),
         ]
-        # No index names ``status`` or ``status_changed_at``, as a key or in a condition: a
-        # status change then rewrites none of them, and on PostgreSQL it is a HOT update when
+        # No index here names ``status`` or ``status_changed_at``, as a key or in a condition:
+        # a status change then rewrites none of them, and on PostgreSQL it is a HOT update when
         # the page has room (the table's fillfactor, migration 0010). Lists filter the status
         # off the rows they read in an index's order; the sweeps read their rows in one pass.
-        # Measured: bench/reports/maintenance.md, "What a status change costs in the entry row".
+        # (SQLite's search index ``entry_search_cover``, made outside the model, holds the
+        # status: SQLite has no HOT updates.) Measured: bench/reports/maintenance.md, "What a
+        # status change costs in the entry row".
         indexes = [
             # Every latest entry, tombstones included, by importance then id: lists (any filter
             # of statuses), their counts and the walk of a broad search read it in order.
