@@ -1176,6 +1176,8 @@ def main() -> int:
                 command += " --backup-restore-only"
             if args.reads_only:
                 command += " --reads-only"
+            if args.api_load:
+                command += " --api-load"
             section = render_section(args.label, vendor, facts, m, command, machine)
             sections[f"{args.label}:{vendor}:{n}"] = section
             write_report(Path(args.out), {f"{args.label}:{vendor}:{n}": section})
