@@ -34,7 +34,7 @@ from maintenance.plan_status import status_in
 from memory import lifecycle
 from memory.models import Entry, EntryAccess, LifecycleEvent, Relationship, Tag, Tombstone, Workspace
 from memory.models.choices import LISTED_STATUSES, EntryType, StagedClass, Status, Tier, TombstoneReason
-from memory.scoring_db import plan_scores, refresh_whole
+from memory.scoring_db import plan_scores, refresh_scores
 
 GRADUATING_CLASSES = (StagedClass.PROCEDURAL, StagedClass.CONCEPTUAL, StagedClass.REFERENCE)
 GRADUATION_TAGS = ("consolidated", "graduated")
@@ -55,7 +55,7 @@ def score(ctx: RunContext) -> PassResult:
         return PassResult(
             count=plan_scores(ctx.workspace, now=ctx.now, params=ctx.policy.decay_params, live_since=ctx.now)
         )
-    n = refresh_whole(
+    n = refresh_scores(
         ctx.workspace,
         now=ctx.now,
         params=ctx.policy.decay_params,

@@ -229,6 +229,39 @@ def _scores_sql(
     return qs.query.sql_with_params()
 
 
+def _fill_scores(
+    table: str,
+    workspace: Workspace | int,
+    *,
+    now: datetime,
+    params: DecayParams,
+    live_since: datetime | None,
+    seen: bool = False,
+) -> int:
+    """(Re)create the temporary table ``table`` and fill it with every latest entry's id,
+    importance and retention (one statement; ``_scores_sql``), with ``seen``, the
+    ``scored_at`` each entry had then too (``seen_at``). Returns how many rows it holds."""
+    sql, sql_params = _scores_sql(workspace, now=now, params=params, live_since=live_since)
+    stamp = "timestamptz" if connection.vendor == "postgresql" else "timestamp"
+    seen_column = f", seen_at {stamp} NULL" if seen else ""
+    entry_id, scored_at = rawsql.column(EntryScore, "entry"), rawsql.column(EntryScore, "scored_at")
+    rows = (
+        f"SELECT q.s_id, q.plan_importance, q.plan_retention, sc.{scored_at} FROM ({sql}) q"
+        f" LEFT JOIN {rawsql.table(EntryScore)} sc ON sc.{entry_id} = q.s_id"
+        if seen
+        else sql
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {rawsql.temp_table(table)}")
+        cursor.execute(
+            f"CREATE TEMP TABLE {table} (entry_id bigint PRIMARY KEY, importance double precision"
+            f" NOT NULL, retention double precision NOT NULL{seen_column})"
+        )
+        columns = "entry_id, importance, retention" + (", seen_at" if seen else "")
+        cursor.execute(f"INSERT INTO {rawsql.temp_table(table)} ({columns}) {rows}", sql_params)
+        return int(cursor.rowcount)
+
+
 def plan_scores(
     workspace: Workspace, *, now: datetime, params: DecayParams, live_since: datetime | None = None
 ) -> int:
@@ -237,61 +270,38 @@ def plan_scores(
     temporary narrow table ``maintenance_planscore`` — the stored columns are not touched (the
     plan's writes are rolled back anyway; rewriting every wide row only to undo it was most of
     a plan's cost). Returns how many entries were scored (what ``refresh_scores`` would)."""
-    sql, sql_params = _scores_sql(workspace, now=now, params=params, live_since=live_since)
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP TABLE IF EXISTS {_temp_name()}")
-        cursor.execute(
-            f"CREATE TEMP TABLE {PLAN_TABLE} (entry_id bigint PRIMARY KEY, "
-            "importance double precision NOT NULL, retention double precision NOT NULL)"
-        )
-        cursor.execute(f"INSERT INTO {PLAN_TABLE} (entry_id, importance, retention) {sql}", sql_params)
-        scored = cursor.rowcount
+    scored = _fill_scores(PLAN_TABLE, workspace, now=now, params=params, live_since=live_since)
     state = _planning.get()
     if state is not None:
         state["table"] = True
     return scored
 
 
-WHOLE_TABLE = "memory_wholescore"  # a temporary table of ``refresh_whole``
+WHOLE_TABLE = "memory_wholescore"  # a temporary table of ``_refresh_whole``
 
 
-def refresh_whole(
+def _refresh_whole(
     workspace: Workspace | int,
     *,
     now: datetime,
     params: DecayParams,
-    live_since: datetime | None = None,
-    batch_size: int = BATCH_SIZE,
-    on_batch: Callable[[], None] | None = None,
+    live_since: datetime | None,
+    batch_size: int,
+    on_batch: Callable[[], None] | None,
 ) -> int:
-    """``refresh_scores`` of every latest entry of the workspace, as the run's score pass does
-    it: every score computed by one statement into a temporary table (with the ``scored_at``
-    each entry had then) — a read of the entries, no row of them locked — then written in
-    batches of ``batch_size`` ids, each in a transaction of its own: the importance where it
-    changed, the retention and ``scored_at`` upserted. An entry scored again meanwhile (a
-    write rescored it: its ``scored_at`` is no longer the one read) keeps that newer score.
-    Computing per batch instead, the pass took four times the statement's time
-    (bench/reports/maintenance.md). Returns how many entries were scored."""
-    sql, sql_params = _scores_sql(workspace, now=now, params=params, live_since=live_since)
+    """``refresh_scores`` of every latest entry of the workspace: every score computed by one
+    statement into a temporary table (with the ``scored_at`` each entry had then) — a read of
+    the entries, no row of them locked — then written in batches of ``batch_size`` ids, each in
+    a transaction of its own: the importance where it changed, the retention and ``scored_at``
+    upserted. An entry scored again meanwhile (a write rescored it: its ``scored_at`` is no
+    longer the one read) keeps that newer score. Computing per batch instead, a run's score
+    pass took four times the statement's time (bench/reports/maintenance.md)."""
+    scored = _fill_scores(WHOLE_TABLE, workspace, now=now, params=params, live_since=live_since, seen=True)
+    if on_batch is not None:
+        on_batch()  # the statement took a while: renew the lease before the writes
     temp, e, s = rawsql.temp_table(WHOLE_TABLE), rawsql.table(Entry), rawsql.table(EntryScore)
     pk, latest, importance = (rawsql.column(Entry, n) for n in ("id", "is_latest", "importance"))
     entry_id, scored_at = rawsql.column(EntryScore, "entry"), rawsql.column(EntryScore, "scored_at")
-    stamp = "timestamptz" if connection.vendor == "postgresql" else "timestamp"
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP TABLE IF EXISTS {temp}")
-        cursor.execute(
-            f"CREATE TEMP TABLE {WHOLE_TABLE} (entry_id bigint PRIMARY KEY, importance double precision"
-            f" NOT NULL, retention double precision NOT NULL, seen_at {stamp} NULL)"
-        )
-        cursor.execute(
-            f"INSERT INTO {temp} (entry_id, importance, retention, seen_at)"
-            f" SELECT q.s_id, q.plan_importance, q.plan_retention, sc.{scored_at} FROM ({sql}) q"
-            f" LEFT JOIN {s} sc ON sc.{entry_id} = q.s_id",
-            sql_params,
-        )
-        scored = cursor.rowcount
-    if on_batch is not None:
-        on_batch()  # the statement took a while: renew the lease before the writes
     # Rows of the batch whose stored score is still the one read with the inputs (SQLite
     # before 3.39 has no IS DISTINCT FROM; its IS NOT is the same comparison).
     distinct = "IS DISTINCT FROM" if connection.vendor == "postgresql" else "IS NOT"
@@ -333,6 +343,7 @@ def refresh_whole(
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f"DROP TABLE IF EXISTS {temp}")
+    _forget_planned(None)  # every latest entry was refreshed in place
     return scored
 
 
@@ -371,25 +382,23 @@ def refresh_scores(
     live_since: datetime | None = None,
 ) -> int:
     """Recompute stored importance and retention of the latest entries of one workspace
-    (all of them, or those among ``ids``), one UPDATE per batch of ids, one transaction per
-    batch. Returns how many rows were scored."""
+    (all of them, or those among ``ids``), one transaction per batch. All of them: computed
+    at once, then written (``_refresh_whole``); those among ``ids``: one UPDATE per batch of
+    ids. Returns how many rows were scored."""
     if params is None:
         ws = workspace if isinstance(workspace, Workspace) else Workspace.objects.get(pk=workspace)
         params = MaintenancePolicy.for_workspace(ws).decay_params
-    now_epoch = now.timestamp()
-    base = Entry.objects.filter(workspace=workspace, is_latest=True)
-    if ids is not None:
-        id_list = sorted(set(ids))
-        if not id_list:
-            return 0
-        batches: Iterable[list[int]] = (
-            id_list[i : i + batch_size] for i in range(0, len(id_list), batch_size)
+    if ids is None:
+        return _refresh_whole(
+            workspace, now=now, params=params, live_since=live_since, batch_size=batch_size, on_batch=on_batch
         )
-    else:
-        batches = _pk_batches(base, batch_size)
-    write = _BatchWrites(base, now_epoch=now_epoch, params=params, now=now, live_since=live_since)
+    id_list = sorted(set(ids))
+    if not id_list:
+        return 0
+    base = Entry.objects.filter(workspace=workspace, is_latest=True)
+    write = _BatchWrites(base, now_epoch=now.timestamp(), params=params, now=now, live_since=live_since)
     scored = 0
-    for batch in batches:
+    for batch in (id_list[i : i + batch_size] for i in range(0, len(id_list), batch_size)):
         with transaction.atomic():
             scored += write(batch)
             _forget_planned(batch)
@@ -484,17 +493,6 @@ def _upsert_scores(rows: str) -> str:
         f" ON CONFLICT ({entry_id}) DO UPDATE"
         f" SET {retention} = excluded.{retention}, {scored_at} = excluded.{scored_at}"
     )
-
-
-def _pk_batches(qs: QuerySet[Entry], size: int) -> Iterable[list[int]]:
-    """Keyset pagination over primary keys: each batch is one indexed range read."""
-    last = 0
-    while True:
-        batch = list(qs.filter(pk__gt=last).order_by("pk").values_list("pk", flat=True)[:size])
-        if not batch:
-            return
-        yield batch
-        last = batch[-1]
 
 
 # A write touches few entries (itself and its link neighbours). Compiling the UPDATE above

@@ -15,7 +15,7 @@ from memory import accounts, entry_changes, new_entries
 from memory.models import CodeAnchor, Entry, EntryAccess, EntryScore, Relationship, Workspace
 from memory.models.choices import CAUSAL_TYPES
 from memory.scoring import DecayParams, importance, retention
-from memory.scoring_db import FEW_IDS, refresh_scores, refresh_whole, rescore
+from memory.scoring_db import FEW_IDS, refresh_scores, rescore
 from tests.helpers_scores import set_scores
 
 pytestmark = pytest.mark.django_db
@@ -422,9 +422,9 @@ def _stored_scores(workspace):
 
 
 def test_the_whole_refresh_stores_what_the_batched_refresh_stores(workspace, other_workspace, now):
-    """The run's score pass (``refresh_whole``: every score by one statement into a temporary
-    table, then written in batches) stores the values the batched refresh stores, only in the
-    workspace's latest entries."""
+    """A refresh of the whole workspace (every score by one statement into a temporary table,
+    then written in batches) stores the values the refresh of given ids stores (computed per
+    batch), only in the workspace's latest entries."""
     rnd = random.Random(11)
     _build(workspace, [_entry_spec(rnd) for _ in range(150)], [_link_spec(rnd) for _ in range(150)], now)
     theirs = new_entries.entry_create(workspace=other_workspace, content="theirs")
@@ -432,13 +432,14 @@ def test_the_whole_refresh_stores_what_the_batched_refresh_stores(workspace, oth
     params = DecayParams(lam=0.05)
     latest = Entry.objects.filter(workspace=workspace, is_latest=True).count()
     assert 0 < latest < 150  # some are older versions
-    assert refresh_scores(workspace, now=now, params=params) == latest
+    ids = list(Entry.objects.filter(workspace=workspace).values_list("pk", flat=True))
+    assert refresh_scores(workspace, now=now, params=params, ids=ids) == latest
     batched = _stored_scores(workspace)
     old = Entry.objects.filter(workspace=workspace, is_latest=False).values_list("pk", "importance")
     old = dict(old)
     set_scores(batched, importance=0.5, retention=0.5, scored_at=None)
 
-    assert refresh_whole(workspace, now=now, params=params, batch_size=40) == latest
+    assert refresh_scores(workspace, now=now, params=params, batch_size=40) == latest
     assert _stored_scores(workspace) == batched
     assert (
         dict(Entry.objects.filter(workspace=workspace, is_latest=False).values_list("pk", "importance"))
@@ -468,7 +469,7 @@ def test_an_entry_rescored_during_the_whole_refresh_keeps_its_newer_score(worksp
         if len(batches) == 2:  # after the statement and the first batch: a write rescores the last
             set_scores([ids[-1]], importance=0.123, retention=0.456, scored_at=later)
 
-    refresh_whole(workspace, now=now, params=DecayParams(), batch_size=2, on_batch=meanwhile)
+    refresh_scores(workspace, now=now, params=DecayParams(), batch_size=2, on_batch=meanwhile)
     assert len(batches) == 4  # after the statement, then after each of three batches
     stored = _stored_scores(workspace)
     assert stored[ids[-1]] == (0.123, 0.456, later)
@@ -488,7 +489,7 @@ def test_an_entry_purged_during_the_whole_refresh_gets_no_score_row(workspace, n
         if len(batches) == 2:  # after the statement and the first batch
             Entry.objects.filter(pk=ids[-1]).delete()
 
-    refresh_whole(workspace, now=now, params=DecayParams(), batch_size=2, on_batch=meanwhile)
+    refresh_scores(workspace, now=now, params=DecayParams(), batch_size=2, on_batch=meanwhile)
     assert set(
         EntryScore.objects.filter(entry__workspace=workspace).values_list("entry_id", flat=True)
     ) == set(ids[:-1])
