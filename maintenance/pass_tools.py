@@ -9,7 +9,7 @@ any point leaves no half-applied batch. Inside a plan it records the new statuse
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -200,6 +200,37 @@ def transition(
     if plan_status.active():
         return _planned_transition(ctx, candidates, to_status=to_status, detail_fields=detail_fields)
     result = PassResult()
+    for rows in locked_batches(ctx, candidates, detail_fields):
+        if detail_fields:
+            result.rows.extend(_detail_rows(rows, detail_fields))
+        if destructive and not result.ids:
+            ctx.before_destructive()
+        ids = [r["pk"] for r in rows]
+        lifecycle.change_status(
+            ctx.workspace.pk,
+            ids,
+            to_status,
+            **automatic_event(ctx, reason),
+            tombstone=lifecycle.Tombstoning(
+                tombstone_reason, ctx.now + timedelta(days=ctx.policy.purge_grace_days)
+            )
+            if tombstone_reason
+            else None,
+            details_of={i: details_of[i] for i in ids if i in details_of} if details_of else None,
+        )
+        result.ids += ids
+    result.count = len(result.ids)
+    return result
+
+
+def locked_batches(
+    ctx: RunContext, candidates: QuerySet[Entry], fields: tuple[str, ...] = ()
+) -> Iterator[list[dict[str, Any]]]:
+    """The candidates' ids read once (one statement), then per batch of ``ctx.batch_size``
+    one transaction: the batch's ids locked and read again through the whole predicate, the
+    rows still candidates (``pk`` and ``fields``) yielded — the caller writes them inside that
+    transaction — and the lease renewed after it. A batch none of whose rows qualify any more
+    is not yielded."""
     ids_all = list(candidates.order_by("pk").values_list("pk", flat=True))
     for start in range(0, len(ids_all), ctx.batch_size):
         with transaction.atomic():
@@ -207,31 +238,11 @@ def transition(
                 candidates.filter(pk__any_of=ids_all[start : start + ctx.batch_size])
                 .select_for_update(of=("self",))
                 .order_by("pk")
-                .values("pk", *detail_fields)
+                .values("pk", *fields)
             )
-            if not rows:
-                continue
-            if detail_fields:
-                result.rows.extend(_detail_rows(rows, detail_fields))
-            if destructive and not result.ids:
-                ctx.before_destructive()
-            ids = [r["pk"] for r in rows]
-            lifecycle.change_status(
-                ctx.workspace.pk,
-                ids,
-                to_status,
-                **automatic_event(ctx, reason),
-                tombstone=lifecycle.Tombstoning(
-                    tombstone_reason, ctx.now + timedelta(days=ctx.policy.purge_grace_days)
-                )
-                if tombstone_reason
-                else None,
-                details_of={i: details_of[i] for i in ids if i in details_of} if details_of else None,
-            )
-            result.ids += ids
+            if rows:
+                yield rows
         ctx.heartbeat()
-    result.count = len(result.ids)
-    return result
 
 
 def _planned_transition(

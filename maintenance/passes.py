@@ -24,6 +24,7 @@ from maintenance.pass_tools import (
     automatic_event,
     importance_of,
     latest,
+    locked_batches,
     not_high_value,
     retention_of,
     tombstone,
@@ -87,28 +88,16 @@ def graduate_staged(ctx: RunContext) -> PassResult:
     )
     result = PassResult()
     tags = _tags(ctx.workspace, GRADUATION_TAGS)
-    # The ids read once, then each batch locked and read again through the whole predicate,
-    # as ``transition`` does (a keyset walk of the primary key read the table once per batch).
-    ids_all = list(candidates.order_by("pk").values_list("pk", flat=True))
-    for start in range(0, len(ids_all), ctx.batch_size):
-        with transaction.atomic():
-            ids = list(
-                candidates.filter(pk__any_of=ids_all[start : start + ctx.batch_size])
-                .select_for_update(of=("self",))
-                .order_by("pk")
-                .values_list("pk", flat=True)
-            )
-            if not ids:
-                continue
-            lifecycle.change_status(
-                ctx.workspace.pk, ids, Status.ACTIVE, **automatic_event(ctx, "graduate"), columns=GRADUATION
-            )
-            Entry.tags.through.objects.bulk_create(
-                [Entry.tags.through(entry_id=i, tag_id=t.pk) for i in ids for t in tags],
-                ignore_conflicts=True,
-            )
-            result.ids += ids
-        ctx.heartbeat()
+    for rows in locked_batches(ctx, candidates):
+        ids = [r["pk"] for r in rows]
+        lifecycle.change_status(
+            ctx.workspace.pk, ids, Status.ACTIVE, **automatic_event(ctx, "graduate"), columns=GRADUATION
+        )
+        Entry.tags.through.objects.bulk_create(
+            [Entry.tags.through(entry_id=i, tag_id=t.pk) for i in ids for t in tags],
+            ignore_conflicts=True,
+        )
+        result.ids += ids
     result.count = len(result.ids)
     return result
 
