@@ -56,6 +56,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -179,6 +181,7 @@ def op_floor(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
 def _instrument(passes_log: list[dict[str, Any]], counter: Counter, backup_log: list[dict[str, Any]]) -> None:
     """Time every pass where ``runs.steps`` hands it out, and the pre-prune backup."""
     from maintenance import backups, runs
+    from memory import scoring_db
 
     phase = {"now": "apply"}
     original_steps, original_plan, original_backup = runs.steps, runs._plan, backups.write_backup
@@ -225,7 +228,28 @@ def _instrument(passes_log: list[dict[str, Any]], counter: Counter, backup_log: 
         )
         return backup
 
+    original_once = scoring_db.scores_once
+
+    @contextmanager
+    def scores_once(*a: Any, **kw: Any) -> Iterator[None]:
+        # A real run on PostgreSQL computes its scores once, before the plan: shown in the
+        # plan's column (the plan's own score pass then only counts them).
+        t, s = time.perf_counter(), counter.n
+        with original_once(*a, **kw):
+            held = (scoring_db._once.get() or {}).get("scores")
+            passes_log.append(
+                {
+                    "phase": "plan",
+                    "pass": "scores computed once (before the plan)",
+                    "seconds": time.perf_counter() - t,
+                    "rows": held.scored if held else 0,
+                    "statements": counter.n - s,
+                }
+            )
+            yield
+
     runs.steps, runs._plan, backups.write_backup = steps, plan, write_backup
+    scoring_db.scores_once = scores_once
 
 
 def _maintain(ws: Any, flags: list[str], counter: Counter) -> dict[str, Any]:

@@ -35,11 +35,16 @@ from maintenance.plan_status import status_in
 from memory import lifecycle
 from memory.models import Entry, EntryAccess, LifecycleEvent, Relationship, Tag, Tombstone, Workspace
 from memory.models.choices import LISTED_STATUSES, EntryType, StagedClass, Status, Tier, TombstoneReason
-from memory.scoring_db import plan_scores, refresh_scores
+from memory.policy import PolicyValues
+from memory.scoring_db import Settle, plan_scores, refresh_scores
 
 GRADUATING_CLASSES = (StagedClass.PROCEDURAL, StagedClass.CONCEPTUAL, StagedClass.REFERENCE)
 GRADUATION_TAGS = ("consolidated", "graduated")
 ORPHAN_IMPORTANCE = 0.2
+# A run's score pass writes an importance that moved at least this much since it was stored,
+# or crossed a threshold some decision compares it with (``settle``); a sweep every 10 minutes
+# moves a young entry's recency term by ~2e-5.
+IMPORTANCE_STEP = 0.001
 
 
 def _days_ago(ctx: RunContext, days: float) -> datetime:
@@ -49,12 +54,28 @@ def _days_ago(ctx: RunContext, days: float) -> datetime:
 # --- the passes -----------------------------------------------------------------------------
 
 
+def settle(policy: PolicyValues) -> Settle:
+    """When a run stores a new importance (``scoring_db.Settle``): moved by IMPORTANCE_STEP, or
+    across a threshold a decision compares importance with — the policy's (archive, prune),
+    the orphan count's, the contradiction check's at write time — so every decision reads the
+    side of each threshold the exact value is on."""
+    thresholds = {policy.importance_threshold, ORPHAN_IMPORTANCE, contradictions.WRITE_CHECK_IMPORTANCE}
+    return Settle(IMPORTANCE_STEP, tuple(sorted(thresholds)))
+
+
 def score(ctx: RunContext) -> PassResult:
     """1. Refresh importance and retention of every latest entry (in the plan: into the
-    temporary table the plan's passes read, one statement, see ``plan_scores``)."""
+    temporary table the plan's passes read, one statement, see ``plan_scores``); an importance
+    is stored where it moved enough to matter (``settle``)."""
     if ctx.planning:
         return PassResult(
-            count=plan_scores(ctx.workspace, now=ctx.now, params=ctx.policy.decay_params, live_since=ctx.now)
+            count=plan_scores(
+                ctx.workspace,
+                now=ctx.now,
+                params=ctx.policy.decay_params,
+                live_since=ctx.now,
+                settle=settle(ctx.policy),
+            )
         )
     n = refresh_scores(
         ctx.workspace,
@@ -63,6 +84,7 @@ def score(ctx: RunContext) -> PassResult:
         batch_size=ctx.batch_size * 2,
         on_batch=ctx.heartbeat,
         live_since=ctx.now,
+        settle=settle(ctx.policy),
     )
     return PassResult(count=n)
 

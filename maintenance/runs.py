@@ -23,7 +23,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -390,6 +390,7 @@ def execute_run(
     holder = lease.new_holder()
     if not lease.acquire(workspace, holder=holder, now=timezone.now(), run=run):
         return finish_run(run, RunStatus.SKIPPED, None, error=LEASE_HELD)
+    scratch = ExitStack()  # what the run keeps until it ends (the scores computed once)
     try:
         fail_abandoned_runs(workspace, before=run.started_at, holder_run=run)
         ctx = RunContext(
@@ -407,6 +408,18 @@ def execute_run(
         # On SQLite the plan reads a copy of the database (``plan_snapshot``): the lease can
         # be renewed beside it as beside any reading phase.
         keep_alive = lease.keep_alive(workspace, holder=holder, reading=plan_snapshot.possible())
+        if not dry_run and not plan_snapshot.possible() and any(key == "scored" for key, _ in steps(kind)):
+            # The plan and the apply score the same entries at the same ``now``: computed once.
+            scratch.enter_context(
+                scoring_db.scores_once(
+                    workspace,
+                    now=now,
+                    params=policy.decay_params,
+                    live_since=now,
+                    settle=passes.settle(policy),
+                )
+            )
+            ctx.heartbeat()
         plan = _plan(ctx, kind, keep_alive, recorder)
         recorder.phase = "apply"
         live_entries = live_count(workspace)
@@ -479,6 +492,7 @@ def execute_run(
         finish_run(run, RunStatus.FAILED, None, error="".join(traceback.format_exception_only(exc)).strip())
         raise
     finally:
+        scratch.close()
         lease.release(workspace, holder=holder)
 
 

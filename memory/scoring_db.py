@@ -7,6 +7,7 @@ sweep refreshes stored scores with one UPDATE per batch instead of one query per
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import (
     Case,
     Count,
@@ -37,6 +38,8 @@ from memory.models import CodeAnchor, Entry, EntryAccess, EntryScore, Relationsh
 from memory.models.choices import CAUSAL_TYPES, LISTED_STATUSES, AnchorStatus, Status
 from memory.policy_model import MaintenancePolicy
 from memory.scoring import DecayParams
+
+log = logging.getLogger(__name__)
 
 SECONDS_PER_DAY = 86400.0
 BATCH_SIZE = 1000
@@ -222,11 +225,36 @@ def _scores_sql(
             s_id=F("pk"),
             plan_importance=importance_expr(now_epoch, live_since),
             plan_retention=retention_expr(now_epoch, params),
+            s_stored=F("importance"),
         )
         .order_by()
-        .values_list("s_id", "plan_importance", "plan_retention")
+        .values_list("s_id", "plan_importance", "plan_retention", "s_stored")
     )
     return qs.query.sql_with_params()
+
+
+@dataclass(frozen=True)
+class Settle:
+    """When a whole-workspace refresh writes an entry's importance: when it moved by ``step``
+    or more since it was stored, or crossed one of ``thresholds`` (it is then on the other side
+    of a comparison ``importance < threshold`` than the stored value). Otherwise the stored value
+    stays: the recency term moves every young entry's importance a little at every sweep, and
+    rewriting those wide, indexed rows was half of a sweep's score pass, for changes no
+    decision could see. The rule is applied where the scores are computed, so a plan reads
+    exactly the values its apply stores."""
+
+    step: float
+    thresholds: tuple[float, ...]
+
+    def sql(self, exact: str, stored: str) -> tuple[str, list[float]]:
+        """The importance to store, as an SQL expression of the ``exact`` and ``stored`` ones."""
+        crossed = "".join(f" OR ({exact} < %s) <> ({stored} < %s)" for _ in self.thresholds)
+        params = [self.step, *(t for t in self.thresholds for _ in range(2))]
+        return (
+            f"CASE WHEN {stored} IS NULL OR abs({exact} - {stored}) >= %s{crossed}"
+            f" THEN {exact} ELSE {stored} END",
+            params,
+        )
 
 
 def _fill_scores(
@@ -237,20 +265,26 @@ def _fill_scores(
     params: DecayParams,
     live_since: datetime | None,
     seen: bool = False,
+    settle: Settle | None = None,
 ) -> int:
     """(Re)create the temporary table ``table`` and fill it with every latest entry's id,
-    importance and retention (one statement; ``_scores_sql``), with ``seen``, the
-    ``scored_at`` each entry had then too (``seen_at``). Returns how many rows it holds."""
+    importance (exact, or with ``settle`` the one to store) and retention (one statement;
+    ``_scores_sql``), with ``seen``, the ``scored_at`` each entry had then too (``seen_at``).
+    Returns how many rows it holds."""
     sql, sql_params = _scores_sql(workspace, now=now, params=params, live_since=live_since)
     stamp = "timestamptz" if connection.vendor == "postgresql" else "timestamp"
     seen_column = f", seen_at {stamp} NULL" if seen else ""
     entry_id, scored_at = rawsql.column(EntryScore, "entry"), rawsql.column(EntryScore, "scored_at")
-    rows = (
-        f"SELECT q.s_id, q.plan_importance, q.plan_retention, sc.{scored_at} FROM ({sql}) q"
-        f" LEFT JOIN {rawsql.table(EntryScore)} sc ON sc.{entry_id} = q.s_id"
-        if seen
-        else sql
+    importance, settle_params = (
+        settle.sql("q.plan_importance", "q.s_stored") if settle is not None else ("q.plan_importance", [])
     )
+    # The fence keeps the planner from inlining the scores where the CASE repeats them.
+    fence = (" LIMIT -1 OFFSET 0" if connection.vendor == "sqlite" else " OFFSET 0") if settle else ""
+    rows = f"SELECT q.s_id, {importance}, q.plan_retention" + (f", sc.{scored_at}" if seen else "")
+    rows += f" FROM ({sql}{fence}) q"
+    if seen:
+        rows += f" LEFT JOIN {rawsql.table(EntryScore)} sc ON sc.{entry_id} = q.s_id"
+    sql_params = (*settle_params, *sql_params)  # the CASE comes first in the statement
     with connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE IF EXISTS {rawsql.temp_table(table)}")
         cursor.execute(
@@ -262,15 +296,95 @@ def _fill_scores(
         return int(cursor.rowcount)
 
 
+@dataclass(frozen=True)
+class _Once:
+    """Scores computed before a run's plan (``scores_once``): for which run, and how many."""
+
+    key: tuple[Any, ...]
+    scored: int
+
+
+# The scores ``scores_once`` computed into PLAN_TABLE (with ``seen_at``), until they are written.
+_once: ContextVar[dict[str, _Once] | None] = ContextVar("scores_once", default=None)
+
+
+def _key(
+    workspace: Workspace | int,
+    now: datetime,
+    params: DecayParams,
+    live_since: datetime | None,
+    settle: Settle | None,
+) -> tuple[Any, ...]:
+    return (
+        workspace.pk if isinstance(workspace, Workspace) else int(workspace),
+        now,
+        params,
+        live_since,
+        settle,
+    )
+
+
+def _computed_once(key: tuple[Any, ...]) -> _Once | None:
+    held = (_once.get() or {}).get("scores")
+    return held if held is not None and held.key == key else None
+
+
+@contextmanager
+def scores_once(
+    workspace: Workspace | int,
+    *,
+    now: datetime,
+    params: DecayParams,
+    live_since: datetime | None,
+    settle: Settle | None = None,
+) -> Iterator[None]:
+    """Compute every latest entry's scores once for a whole run — its plan and its apply —
+    instead of once in each: one statement fills the temporary table ``maintenance_planscore``
+    (with the ``scored_at`` each entry had then) before the plan's transaction, so the rollback
+    that ends the plan leaves it — and with it whatever the plan deleted from it or the DROP
+    ending the plan — as it was. The plan's score pass reads it (``plan_scores``) and the
+    apply's writes it (``refresh_scores`` of every entry), with the same guard: an entry scored
+    again meanwhile keeps that newer score. Only where the plan runs in this connection (not on
+    SQLite's copy of the database); the table is dropped when the block ends, used or not."""
+    token = _once.set({})
+    try:
+        scored = _fill_scores(
+            PLAN_TABLE, workspace, now=now, params=params, live_since=live_since, seen=True, settle=settle
+        )
+        state = _once.get()
+        assert state is not None
+        state["scores"] = _Once(_key(workspace, now, params, live_since, settle), scored)
+        yield
+    finally:
+        _once.reset(token)
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(f"DROP TABLE IF EXISTS {_temp_name()}")
+        except DatabaseError:  # a broken connection takes its temporary tables with it
+            log.warning("could not drop the run's score table", exc_info=True)
+
+
 def plan_scores(
-    workspace: Workspace, *, now: datetime, params: DecayParams, live_since: datetime | None = None
+    workspace: Workspace,
+    *,
+    now: datetime,
+    params: DecayParams,
+    live_since: datetime | None = None,
+    settle: Settle | None = None,
 ) -> int:
     """The plan's score pass: importance and retention of every latest entry of the workspace,
     computed by the same expressions as ``refresh_scores``, written by one statement into the
     temporary narrow table ``maintenance_planscore`` — the stored columns are not touched (the
     plan's writes are rolled back anyway; rewriting every wide row only to undo it was most of
-    a plan's cost). Returns how many entries were scored (what ``refresh_scores`` would)."""
-    scored = _fill_scores(PLAN_TABLE, workspace, now=now, params=params, live_since=live_since)
+    a plan's cost) — or already there (``scores_once``). Returns how many entries were scored
+    (what ``refresh_scores`` would)."""
+    once = _computed_once(_key(workspace, now, params, live_since, settle))
+    if once is not None:
+        scored = once.scored
+    else:
+        scored = _fill_scores(
+            PLAN_TABLE, workspace, now=now, params=params, live_since=live_since, settle=settle
+        )
     state = _planning.get()
     if state is not None:
         state["table"] = True
@@ -288,6 +402,7 @@ def _refresh_whole(
     live_since: datetime | None,
     batch_size: int,
     on_batch: Callable[[], None] | None,
+    settle: Settle | None,
 ) -> int:
     """``refresh_scores`` of every latest entry of the workspace: every score computed by one
     statement into a temporary table (with the ``scored_at`` each entry had then) — a read of
@@ -296,10 +411,18 @@ def _refresh_whole(
     upserted. An entry scored again meanwhile (a write rescored it: its ``scored_at`` is no
     longer the one read) keeps that newer score. Computing per batch instead, a run's score
     pass took four times the statement's time (bench/reports/maintenance.md)."""
-    scored = _fill_scores(WHOLE_TABLE, workspace, now=now, params=params, live_since=live_since, seen=True)
-    if on_batch is not None:
-        on_batch()  # the statement took a while: renew the lease before the writes
-    temp, e, s = rawsql.temp_table(WHOLE_TABLE), rawsql.table(Entry), rawsql.table(EntryScore)
+    once = _computed_once(_key(workspace, now, params, live_since, settle))
+    if once is not None:  # computed before the plan (``scores_once``): written once
+        (_once.get() or {}).pop("scores")
+        scored, table = once.scored, PLAN_TABLE
+    else:
+        table = WHOLE_TABLE
+        scored = _fill_scores(
+            table, workspace, now=now, params=params, live_since=live_since, seen=True, settle=settle
+        )
+        if on_batch is not None:
+            on_batch()  # the statement took a while: renew the lease before the writes
+    temp, e, s = rawsql.temp_table(table), rawsql.table(Entry), rawsql.table(EntryScore)
     pk, latest, importance = (rawsql.column(Entry, n) for n in ("id", "is_latest", "importance"))
     entry_id, scored_at = rawsql.column(EntryScore, "entry"), rawsql.column(EntryScore, "scored_at")
     # Rows of the batch whose stored score is still the one read with the inputs (SQLite
@@ -380,18 +503,28 @@ def refresh_scores(
     batch_size: int = BATCH_SIZE,
     on_batch: Callable[[], None] | None = None,
     live_since: datetime | None = None,
+    settle: Settle | None = None,
 ) -> int:
     """Recompute stored importance and retention of the latest entries of one workspace
     (all of them, or those among ``ids``), one transaction per batch. All of them: computed
-    at once, then written (``_refresh_whole``); those among ``ids``: one UPDATE per batch of
-    ids. Returns how many rows were scored."""
+    at once, then written (``_refresh_whole``; with ``settle``, an importance is written only
+    when it moved by its step or crossed a threshold); those among ``ids``: one UPDATE per
+    batch of ids, exact. Returns how many rows were scored."""
     if params is None:
         ws = workspace if isinstance(workspace, Workspace) else Workspace.objects.get(pk=workspace)
         params = MaintenancePolicy.for_workspace(ws).decay_params
     if ids is None:
         return _refresh_whole(
-            workspace, now=now, params=params, live_since=live_since, batch_size=batch_size, on_batch=on_batch
+            workspace,
+            now=now,
+            params=params,
+            live_since=live_since,
+            batch_size=batch_size,
+            on_batch=on_batch,
+            settle=settle,
         )
+    if settle is not None:
+        raise ValueError("settle is for a refresh of the whole workspace: given ids are scored exactly")
     id_list = sorted(set(ids))
     if not id_list:
         return 0

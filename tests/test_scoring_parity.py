@@ -2,6 +2,7 @@
 database the suite runs against (`make test` runs it on SQLite and on PostgreSQL)."""
 
 import random
+import re
 from collections import Counter
 from datetime import timedelta
 
@@ -494,3 +495,192 @@ def test_an_entry_purged_during_the_whole_refresh_gets_no_score_row(workspace, n
         EntryScore.objects.filter(entry__workspace=workspace).values_list("entry_id", flat=True)
     ) == set(ids[:-1])
     assert not EntryScore.objects.filter(entry_id=ids[-1]).exists()
+
+
+# --- a run's scores, computed once for its plan and its apply --------------------------------
+
+
+def _score_fills(queries):
+    """The statements that computed a whole workspace's scores into a temporary table."""
+    fill = re.compile(r"INSERT INTO (pg_)?temp\.(maintenance_planscore|memory_wholescore) ")
+    return [q["sql"] for q in queries if fill.match(q["sql"])]
+
+
+def _temp_tables():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname LIKE 'pg_temp%%'"
+            if connection.vendor == "postgresql"
+            else "SELECT name FROM temp.sqlite_master WHERE type = 'table'"
+        )
+        return {name for (name,) in cursor.fetchall()} & {"maintenance_planscore", "memory_wholescore"}
+
+
+def _run_entries(workspace, now, n=12):
+    ids = [
+        new_entries.entry_create(
+            workspace=workspace,
+            content=f"memory {i} about caching and retries",
+            created_at=now - timedelta(days=40 * i),
+            now=now - timedelta(days=40 * i),
+        ).pk
+        for i in range(n)
+    ]
+    set_scores(ids, importance=0.5, retention=0.5, scored_at=now - timedelta(days=1))
+    return ids
+
+
+def test_a_real_run_computes_its_scores_once_and_stores_them(workspace, now):
+    """The plan and the apply of a real run score the same entries at the same ``now``: one
+    statement computes the scores (before the plan), and the apply stores exactly what a
+    refresh of the workspace at that ``now`` computes. The temporary table is gone after."""
+    from maintenance import plan_snapshot
+    from maintenance.run_start import run_maintenance
+
+    assert not plan_snapshot.possible()  # the test's transaction: the plan runs in this connection
+    _run_entries(workspace, now)
+    with CaptureQueriesContext(connection) as seen:
+        result = run_maintenance(workspace=workspace, now=now, force=True)
+    assert result["counts"]["scored"] == 12
+    assert len(_score_fills(seen.captured_queries)) == 1
+    assert not _temp_tables()
+    stored = _stored_scores(workspace)
+    assert {at for _, _, at in stored.values()} == {now}
+    # What one refresh at that ``now`` computes (the run's links and statuses unchanged since).
+    set_scores(list(stored), importance=0.5, retention=0.5, scored_at=None)
+    refresh_scores(workspace, now=now, live_since=now)
+    assert _stored_scores(workspace) == stored
+
+
+def test_a_dry_run_computes_its_scores_once_too(workspace, now):
+    from maintenance.run_start import run_maintenance
+
+    _run_entries(workspace, now)
+    with CaptureQueriesContext(connection) as seen:
+        run_maintenance(workspace=workspace, now=now, dry_run=True)
+    assert len(_score_fills(seen.captured_queries)) == 1
+    assert not _temp_tables()
+
+
+def test_an_entry_rescored_between_the_plan_and_the_apply_keeps_its_newer_score(workspace, now, monkeypatch):
+    """A write rescored an entry after the run computed its scores (here: between the plan and
+    the apply): the apply leaves that entry's newer score as the write stored it."""
+    from maintenance import runs
+    from maintenance.run_start import run_maintenance
+
+    ids = _run_entries(workspace, now)
+    later = now + timedelta(days=30)
+    trips = runs.breaker_trips
+
+    def meanwhile(*args, **kwargs):
+        set_scores([ids[3]], importance=0.123, retention=0.456, scored_at=later)
+        return trips(*args, **kwargs)
+
+    monkeypatch.setattr(runs, "breaker_trips", meanwhile)
+    result = run_maintenance(workspace=workspace, now=now, force=True)
+    assert result["counts"]["scored"] == 12
+    stored = _stored_scores(workspace)
+    assert stored[ids[3]] == (0.123, 0.456, later)
+    assert {stored[pk][2] for pk in ids if pk != ids[3]} == {now}
+
+
+@pytest.mark.parametrize("ending", ["blocked", "failed"])
+def test_the_run_s_score_table_is_dropped_however_the_run_ends(workspace, now, monkeypatch, ending):
+    """Blocked by the breaker (nothing applied), or failed in a pass after the plan: the
+    scores computed for the run go with it, so the next run on this connection (a worker's)
+    computes its own."""
+    from maintenance import passes, runs
+    from maintenance.run_start import run_maintenance
+
+    _run_entries(workspace, now)
+    if ending == "blocked":
+        monkeypatch.setattr(runs, "breaker_trips", lambda *a, **k: True)
+        result = run_maintenance(workspace=workspace, now=now)
+        assert result["status"] == "blocked"
+    else:
+        original = passes.mark_stale
+
+        def broken(ctx):
+            if not ctx.planning:
+                raise RuntimeError("a pass broke")
+            return original(ctx)
+
+        monkeypatch.setattr(passes, "mark_stale", broken)
+        with pytest.raises(RuntimeError, match="a pass broke"):
+            run_maintenance(workspace=workspace, now=now, force=True)
+    assert not _temp_tables()
+    with CaptureQueriesContext(connection) as seen:
+        run_maintenance(workspace=workspace, now=now + timedelta(minutes=1), dry_run=True)
+    assert len(_score_fills(seen.captured_queries)) == 1
+
+
+# --- a run's importance, stored where it moved enough to matter ------------------------------
+
+
+def _importance(ids):
+    return dict(Entry.objects.filter(pk__in=ids).values_list("pk", "importance"))
+
+
+def test_a_settled_refresh_writes_an_importance_that_moved_a_step_or_crossed_a_threshold(workspace, now):
+    """With ``settle``, the whole refresh stores the exact importance where the stored one is
+    a step or more away, or on the other side of a threshold; elsewhere the stored value stays
+    (and the retention and ``scored_at`` are written as always)."""
+    from memory.scoring_db import Settle
+
+    ids = _run_entries(workspace, now, n=5)
+    refresh_scores(workspace, now=now, live_since=now)
+    exact = _importance(ids)
+    step = 0.001
+    near, far, across, same, unscored = ids
+    threshold = exact[across] + 0.0003  # the exact value is below it, the stored one will not be
+    stored = {
+        near: exact[near] + 0.0006,
+        far: exact[far] + 0.002,
+        across: exact[across] + 0.0006,
+        same: exact[same],
+        unscored: exact[unscored] - 0.0009,
+    }
+    for pk, value in stored.items():
+        Entry.objects.filter(pk=pk).update(importance=value)
+    set_scores([unscored], retention=0.5, scored_at=None)
+    later = now + timedelta(seconds=1)
+    refresh_scores(workspace, now=later, live_since=later, settle=Settle(step, (threshold,)))
+    after = _importance(ids)
+    assert after[near] == stored[near]
+    assert after[same] == exact[same]
+    assert after[unscored] == stored[unscored]
+    assert abs(after[far] - exact[far]) < 1e-6  # the exact value at ``later``
+    assert abs(after[across] - exact[across]) < 1e-6 and after[across] < threshold
+    assert {at for _, _, at in _stored_scores(workspace).values()} == {later}
+
+
+def test_settle_is_for_the_whole_refresh_only(workspace, now):
+    from memory.scoring_db import Settle
+
+    with pytest.raises(ValueError, match="settle"):
+        refresh_scores(workspace, now=now, ids=[1], settle=Settle(0.001, ()))
+
+
+def test_a_run_decides_on_the_exact_side_of_a_threshold_in_its_plan_and_its_apply(workspace, now):
+    """An old entry's stored importance sits just above the policy's threshold, its exact one
+    just below, less than a step apart: the dry run and the real run both archive it (the
+    stored value crosses the threshold, so the run writes it first)."""
+    from maintenance.run_start import run_maintenance
+    from memory.policy_model import MaintenancePolicy
+
+    (pk,) = _run_entries(workspace, now, n=1)
+    Entry.objects.filter(pk=pk).update(created_at=now - timedelta(days=400), updated_at=now)
+    refresh_scores(workspace, now=now, live_since=now)
+    exact = _importance([pk])[pk]
+    row = MaintenancePolicy.objects.get(workspace=workspace)
+    row.archive_older_than_days = 100
+    row.importance_threshold = exact + 0.0003
+    row.save()
+    Entry.objects.filter(pk=pk).update(importance=exact + 0.0006)
+    dry = run_maintenance(workspace=workspace, now=now, dry_run=True)
+    assert dry["counts"]["archived"] == 1
+    assert Entry.objects.get(pk=pk).importance == exact + 0.0006  # a dry run changes nothing
+    real = run_maintenance(workspace=workspace, now=now, force=True)
+    assert real["counts"]["archived"] == 1
+    entry = Entry.objects.get(pk=pk)
+    assert entry.status == "archived" and abs(entry.importance - exact) < 1e-9
