@@ -17,7 +17,7 @@ from django.db.models import (
 )
 from django.utils import timezone
 
-from maintenance.hygiene import candidates, eligible_entries, not_kept, read_policy, scan
+from maintenance.hygiene import candidates, eligible_entries, may_archive, not_kept, read_policy, scan
 from maintenance.hygiene_text import Candidate
 from maintenance.pass_tools import PassResult, RunContext, latest, transition, unprotected
 from maintenance.plan_status import status_in
@@ -101,12 +101,13 @@ def keep(
 
 
 def _low_quality_picks(ctx: RunContext, qs: QuerySet[Entry]) -> dict[int, Candidate]:
-    """The entries of ``qs`` hygiene recommends archiving. Their ids are read first (one
+    """The entries of ``qs`` hygiene recommends archiving. The ids of those the database scores
+    high enough (or has no verdict for: ``hygiene.may_archive``) are read first (one
     statement), then scanned by id: inside a plan the status rule excludes the entries the
     plan moved (``maintenance.plan_status``), an anti-join PostgreSQL would otherwise hash
     again for every batch (0.25 s a batch at 1,000,000 entries)."""
     _, patterns = read_policy(ctx.workspace)
-    ids = list(qs.order_by("pk").values_list("pk", flat=True))
+    ids = list(may_archive(ctx.workspace, qs, patterns).order_by("pk").values_list("pk", flat=True))
     step = ctx.batch_size * 2
     picks: dict[int, Candidate] = {}
     for start in range(0, len(ids), step):

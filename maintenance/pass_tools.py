@@ -9,7 +9,7 @@ any point leaves no half-applied batch. Inside a plan it records the new statuse
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -55,9 +55,13 @@ class RunContext:
     # The plan: the score pass fills the temporary maintenance_planscore table instead of the
     # stored columns, and the passes read importance and retention from it (``importance_of``).
     planning: bool = False
-    # Per-row details of evictions and expiries (``evicted_rows``, ``expired_rows``): only a
-    # decay sweep reports them; a full run of a million entries would keep ~250,000 dicts.
+    # Per-row details of evictions and expiries (``evicted_rows``, ``expired_rows``) and the
+    # candidates evaluated: only a decay sweep reports them; a full run of a million entries
+    # would keep ~250,000 dicts.
     details: bool = True
+    # A real run's apply in apply mode: the ids its plan decided, per count key, for the passes
+    # that change one candidate set (``planned``).
+    planned_ids: Mapping[str, Sequence[int]] | None = None
 
     @property
     def run_id(self) -> int | None:
@@ -185,10 +189,12 @@ def transition(
     destructive: bool = False,
     detail_fields: tuple[str, ...] = (),
     details_of: Mapping[int, Mapping[str, Any]] | None = None,
+    ids: Sequence[int] | None = None,
 ) -> PassResult:
-    """Move every candidate to ``to_status`` in batches: one transaction per batch holding the
-    status UPDATE, the LifecycleEvents and (for tombstones) the Tombstone rows, written by
-    ``memory.lifecycle.change_status`` (``details_of``: the details of each entry's event).
+    """Move every candidate (among ``ids`` when given: ``planned``) to ``to_status`` in
+    batches: one transaction per batch holding the status UPDATE, the LifecycleEvents and (for
+    tombstones) the Tombstone rows, written by ``memory.lifecycle.change_status``
+    (``details_of``: the details of each entry's event).
 
     The candidates' ids are read once (one statement); each batch then locks its ids and reads
     them again through the whole predicate, so a row that stopped qualifying meanwhile (an
@@ -200,15 +206,15 @@ def transition(
     if plan_status.active():
         return _planned_transition(ctx, candidates, to_status=to_status, detail_fields=detail_fields)
     result = PassResult()
-    for rows in locked_batches(ctx, candidates, detail_fields):
+    for rows in locked_batches(ctx, candidates, detail_fields, ids=ids):
         if detail_fields:
             result.rows.extend(_detail_rows(rows, detail_fields))
         if destructive and not result.ids:
             ctx.before_destructive()
-        ids = [r["pk"] for r in rows]
+        batch = [r["pk"] for r in rows]
         lifecycle.change_status(
             ctx.workspace.pk,
-            ids,
+            batch,
             to_status,
             **automatic_event(ctx, reason),
             tombstone=lifecycle.Tombstoning(
@@ -216,22 +222,37 @@ def transition(
             )
             if tombstone_reason
             else None,
-            details_of={i: details_of[i] for i in ids if i in details_of} if details_of else None,
+            details_of={i: details_of[i] for i in batch if i in details_of} if details_of else None,
         )
-        result.ids += ids
+        result.ids += batch
     result.count = len(result.ids)
     return result
 
 
+def planned(ctx: RunContext, key: str) -> Sequence[int] | None:
+    """In a real run's apply, the ids its plan decided for the pass of count key ``key``: the
+    apply walks them instead of reading its candidates again (the plan read them at the same
+    ``now``, on the state the earlier passes leave), and re-checks each batch through the whole
+    predicate as always. An entry that became a candidate only after the plan read it waits for
+    the next run. None elsewhere: read the candidates."""
+    if ctx.planning or ctx.planned_ids is None:
+        return None
+    return ctx.planned_ids.get(key)
+
+
 def locked_batches(
-    ctx: RunContext, candidates: QuerySet[Entry], fields: tuple[str, ...] = ()
+    ctx: RunContext,
+    candidates: QuerySet[Entry],
+    fields: tuple[str, ...] = (),
+    *,
+    ids: Sequence[int] | None = None,
 ) -> Iterator[list[dict[str, Any]]]:
-    """The candidates' ids read once (one statement), then per batch of ``ctx.batch_size``
-    one transaction: the batch's ids locked and read again through the whole predicate, the
-    rows still candidates (``pk`` and ``fields``) yielded — the caller writes them inside that
-    transaction — and the lease renewed after it. A batch none of whose rows qualify any more
-    is not yielded."""
-    ids_all = list(candidates.order_by("pk").values_list("pk", flat=True))
+    """The candidates' ids read once (one statement; or ``ids``, the plan's), then per batch of
+    ``ctx.batch_size`` one transaction: the batch's ids locked and read again through the whole
+    predicate, the rows still candidates (``pk`` and ``fields``) yielded — the caller writes
+    them inside that transaction — and the lease renewed after it. A batch none of whose rows
+    qualify any more is not yielded."""
+    ids_all = sorted(ids) if ids is not None else list(candidates.order_by("pk").values_list("pk", flat=True))
     for start in range(0, len(ids_all), ctx.batch_size):
         with transaction.atomic():
             rows = list(

@@ -106,6 +106,11 @@ RUN_PASSES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
+# The passes whose apply walks the ids its plan decided (each changes one candidate set
+# through ``pass_tools.transition``), by count key.
+PLANNED = ("staged_expired", "stale_marked", "archived", "pruned", "evicted", "expired", "reclaimed")
+
+
 def steps(kind: str) -> list[Step]:
     """The passes a run of ``kind`` executes (``RUN_PASSES``; a kind it does not name runs the
     full set), each with the count it feeds."""
@@ -470,8 +475,10 @@ def execute_run(
                 return finish_run(run, RunStatus.FAILED, None, error=f"pre-prune backup failed: {exc}")
         ctx.before_destructive = ensure_backup
         if not policy.proposes:
-            # The apply makes its own ids and details: the plan's (a million-entry first run's
-            # ids and evicted rows: ~100 MB) go before it starts, not after it ends.
+            # The apply walks the plan's ids of the passes that change one candidate set
+            # (``pass_tools.planned``) and makes its own details: the rest of the plan (a
+            # million-entry first run's evicted rows: most of ~100 MB) goes before it starts.
+            ctx.planned_ids = {key: plan.ids.get(key, []) for key in PLANNED}
             del plan
             with lifecycle.coalesced():  # open pages hear of the changes once, not once per batch
                 applied = _execute(ctx, kind, progress, recorder=recorder)

@@ -834,3 +834,32 @@ def test_a_transition_records_each_change_from_the_row_before_it_changed(workspa
     )
     evicted = LifecycleEvent.objects.get(entry=versioned, run_id=run_id)
     assert (evicted.from_status, evicted.to_status, evicted.reason) == ("active", "tombstoned", "decay")
+
+
+# --- the apply walks its plan's ids -----------------------------------------------------------
+
+
+def test_the_apply_changes_what_its_plan_decided_and_each_row_still_qualifies(workspace, now, monkeypatch):
+    """Between the plan and the apply an operator pins an entry the plan marked stale, and
+    another entry starts to qualify: the apply leaves both (each batch re-checks the whole rule;
+    the ids walked are the plan's). The next run marks the second."""
+    from maintenance import runs
+
+    pinned = make(workspace, now, age_days=400, tier="semantic")
+    late = make(workspace, now, age_days=400, tier="semantic", updated_at=now)
+    stale = make(workspace, now, age_days=400, tier="semantic")
+    trips = runs.breaker_trips
+
+    def meanwhile(*args, **kwargs):
+        Entry.objects.filter(pk=pinned.pk).update(pinned=True)
+        Entry.objects.filter(pk=late.pk).update(updated_at=now - timedelta(days=400))
+        return trips(*args, **kwargs)
+
+    monkeypatch.setattr(runs, "breaker_trips", meanwhile)
+    result = run(workspace, now, force=True)
+    assert result["counts"]["stale_marked"] == 1
+    assert (status(pinned), status(late), status(stale)) == ("active", "active", "stale")
+    monkeypatch.setattr(runs, "breaker_trips", trips)
+    again = run(workspace, now + timedelta(minutes=10))
+    assert again["counts"]["stale_marked"] == 1
+    assert status(late) == "stale"
