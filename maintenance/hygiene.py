@@ -35,7 +35,7 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.functions import Cast, Substr
+from django.db.models.functions import Cast, Coalesce, Substr
 from django.utils import timezone
 
 from maintenance.hygiene_text import (
@@ -316,6 +316,20 @@ def _scored(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Patter
         + Case(When(_COLUMN_RULES["legacy_import"], then=Value(POINTS["legacy_import"])), default=Value(0))
     )
     return qs.annotate(hygiene_points=points)
+
+
+def may_archive(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Pattern]) -> QuerySet[Entry]:
+    """The entries of ``qs`` whose score, computed by the database (``_scored``), reaches
+    ARCHIVE_SCORE, and those without a valid stored assessment (the scan assesses them): what
+    the low-quality pass reads into Python, instead of every entry it considers (440,000 at
+    1,000,000 entries, to archive ~7,000). The score is compared once (NULL counts as reaching
+    it): an OR of two comparisons would compute it twice for most rows."""
+    at_least = Coalesce(F("hygiene_points"), Value(ARCHIVE_SCORE))
+    return (
+        _scored(workspace, qs, patterns)
+        .alias(archive_floor=at_least)
+        .filter(archive_floor__gte=ARCHIVE_SCORE)
+    )
 
 
 def _older_copy(workspace: Workspace) -> Q:

@@ -732,6 +732,31 @@ def test_pass_six_direct(workspace, other_workspace, now):
     }
 
 
+def test_pass_six_reads_into_python_only_the_entries_that_may_be_archived(workspace, now, monkeypatch):
+    """The database scores the entries the pass considers from their stored verdicts: only
+    those reaching the archive score (a duplicate among them) and those without a verdict yet
+    are scanned in Python; the rest — a review candidate, a clean entry — are not read."""
+    junk = make(workspace, now, JUNK, age_days=31)
+    review = make(workspace, now, "short note", age_days=31, source="import")  # 3 points
+    clean = make(workspace, now, GOOD, age_days=33)
+    copy = make(workspace, now, GOOD, age_days=31)  # an older live copy: 4 points
+    hygiene.count(workspace)  # the verdicts stored, as the worker's schedule does
+    unassessed = make(workspace, now, "also " + JUNK, age_days=31)
+    scanned = []
+    scan = hygiene_actions.scan
+
+    def spy(ws, qs, patterns, **kwargs):
+        found = list(scan(ws, qs, patterns, **kwargs))
+        scanned.extend(qs.values_list("pk", flat=True))
+        return iter(found)
+
+    monkeypatch.setattr(hygiene_actions, "scan", spy)
+    result = hygiene_actions.archive_low_quality(context(workspace, now))
+    assert sorted(result.ids) == sorted([junk.pk, copy.pk, unassessed.pk])
+    assert sorted(scanned) == sorted([junk.pk, copy.pk, unassessed.pk])
+    assert review.pk not in scanned and clean.pk not in scanned
+
+
 def test_pass_six_query_count_is_bounded(workspace, now):
     def queries(n):
         Entry.objects.filter(workspace=workspace).delete()
