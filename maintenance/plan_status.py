@@ -27,6 +27,7 @@ from memory.models.choices import Status
 
 TABLE = "maintenance_planstatus"
 CHUNK = 2000
+ARRAY_CHUNK = 50_000  # ids per statement on PostgreSQL, sent as one array
 ANALYZE_FROM = 1000  # planned changes after which the table's statistics are renewed
 
 
@@ -81,14 +82,22 @@ def record(ids: Sequence[int], status: str, now: datetime) -> None:
     assert state is not None, "record() outside a plan's overlay"
     stamp = connection.ops.adapt_datetimefield_value(now)
     entry_id = rawsql.column(Entry, "id")
-    for start in range(0, len(ids), CHUNK):
-        where, params = rawsql.in_values(list(ids[start : start + CHUNK]))
+    upsert = "ON CONFLICT (entry_id) DO UPDATE SET status = excluded.status, changed_at = excluded.changed_at"
+    step = ARRAY_CHUNK if connection.vendor == "postgresql" else CHUNK
+    for start in range(0, len(ids), step):
+        chunk = list(ids[start : start + step])
         with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":  # the ids as one array: no row of the entries read
+                cursor.execute(
+                    f"INSERT INTO {_name()} (entry_id, status, changed_at) "
+                    f"SELECT DISTINCT x, %s, %s FROM unnest(%s::bigint[]) AS x {upsert}",
+                    [status, stamp, chunk],
+                )
+                continue
+            where, params = rawsql.in_values(chunk)
             cursor.execute(
                 f"INSERT INTO {_name()} (entry_id, status, changed_at) "
-                f"SELECT {entry_id}, %s, %s FROM {rawsql.table(Entry)} WHERE {entry_id} {where} "
-                "ON CONFLICT (entry_id) DO UPDATE "
-                "SET status = excluded.status, changed_at = excluded.changed_at",
+                f"SELECT {entry_id}, %s, %s FROM {rawsql.table(Entry)} WHERE {entry_id} {where} {upsert}",
                 [status, stamp, *params],
             )
     state.unanalysed += len(ids)
