@@ -71,3 +71,13 @@ def test_an_entry_reads_back_its_stored_instants(workspace):
     row = Entry.objects.get(pk=entry.pk)
     assert (row.created_at, row.updated_at, row.status_changed_at, row.scored_at) == (at, at, at, at)
     assert row.created_at.tzinfo is UTC
+
+
+def test_every_connection_gives_temporary_tables_room_before_its_first_one():
+    """A maintenance plan's temporary tables (scores, planned statuses) fit in the session's
+    memory: set on every new connection, since it cannot change after the first one."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW temp_buffers")
+        assert cursor.fetchone()[0] == backend.TEMP_BUFFERS
+        cursor.execute("CREATE TEMP TABLE bench_probe (x int)")
+        cursor.execute("DROP TABLE bench_probe")

@@ -46,7 +46,22 @@ class UTCTimestamptzLoader:
         return value if value.tzinfo is datetime.UTC else value.astimezone(datetime.UTC)
 
 
+# The session's memory for temporary tables, reserved only as they use it. A maintenance plan
+# keeps its scores and status changes in temporary tables (~110 MB at 1,000,000 entries) and
+# reads them once per entry of every pass; with PostgreSQL's default 8 MB they spilled to
+# files and the plan's score statement alone took 1 s more (bench/reports/maintenance.md).
+# It can only be set before the session's first temporary table: on every new connection.
+TEMP_BUFFERS = "256MB"
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
+    def init_connection_state(self) -> None:
+        super().init_connection_state()
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SET temp_buffers = '{TEMP_BUFFERS}'")
+        if not self.get_autocommit():
+            self.connection.commit()
+
     def get_connection_params(self) -> dict[str, Any]:
         """Django registers its own ``timestamptz`` loader (``psycopg_any.BaseTzLoader``:
         psycopg's pure-Python loader plus a ``replace(tzinfo=...)``), several times slower than
