@@ -28,6 +28,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
@@ -499,8 +500,23 @@ def execute_run(
         finish_run(run, RunStatus.FAILED, None, error="".join(traceback.format_exception_only(exc)).strip())
         raise
     finally:
+        _usable_connection()
         scratch.close()
         lease.release(workspace, holder=holder)
+
+
+def _usable_connection() -> None:
+    """After a run was interrupted (``tasks.WorkerStopping``): a stop that lands while psycopg
+    is sending a statement, rather than waiting for its result, leaves the session busy with
+    that statement ("another command is already in progress"), and the way out — dropping the
+    run's temporary table, releasing the lease — could not use it. Such a session is closed
+    (its temporary tables go with it); the way out opens a new one."""
+    raw = connection.connection
+    if connection.vendor != "postgresql" or raw is None:
+        return
+    if raw.info.transaction_status == psycopg.pq.TransactionStatus.ACTIVE:
+        log.warning("the run's database session was left mid-statement: closing it")
+        connection.close()
 
 
 def _write_backup(

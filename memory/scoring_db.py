@@ -360,8 +360,8 @@ def scores_once(
         try:
             with connection.cursor() as cursor:
                 cursor.execute(f"DROP TABLE IF EXISTS {_temp_name()}")
-        except DatabaseError:  # a broken connection takes its temporary tables with it
-            log.warning("could not drop the run's score table", exc_info=True)
+        except DatabaseError as exc:  # a broken connection takes its temporary tables with it
+            log.warning("could not drop the run's score table: %s", exc)
 
 
 def plan_scores(

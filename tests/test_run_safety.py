@@ -366,3 +366,22 @@ def test_a_process_finding_the_lease_held_records_a_skipped_run(safety_db):
     with _reaped(start_manage(args, safety_db)) as free:
         out, err = free.communicate(timeout=120)
     assert json.loads(out)["status"] == "succeeded"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's session state")
+def test_a_session_left_mid_statement_by_a_stop_is_replaced_before_the_way_out():
+    """A stop that lands while psycopg sends a statement leaves the session busy with it: the
+    run's way out (its score table dropped, its lease released) gets a new session instead of
+    failing with "another command is already in progress"."""
+    from maintenance import runs
+    from memory.models import Workspace
+
+    connection.ensure_connection()
+    connection.connection.pgconn.send_query(b"SELECT pg_sleep(0.2)")  # sent, never read
+    stuck = connection.connection
+    runs._usable_connection()
+    assert stuck.closed
+    assert Workspace.objects.count() >= 0  # a new session answers
+    runs._usable_connection()  # an idle session is left as it is
+    assert connection.connection is not None and not connection.connection.closed
