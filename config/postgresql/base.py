@@ -50,18 +50,13 @@ class UTCTimestamptzLoader:
 # keeps its scores and status changes in temporary tables (~110 MB at 1,000,000 entries) and
 # reads them once per entry of every pass; with PostgreSQL's default 8 MB they spilled to
 # files and the plan's score statement alone took 1 s more (bench/reports/maintenance.md).
-# It can only be set before the session's first temporary table: on every new connection.
+# It can only be set before the session's first temporary table: a startup option of every
+# new session (beside the settings' own ``options``), not a statement on every checkout from
+# the pool, which happens once per request.
 TEMP_BUFFERS = "256MB"
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
-    def init_connection_state(self) -> None:
-        super().init_connection_state()
-        with self.connection.cursor() as cursor:
-            cursor.execute(f"SET temp_buffers = '{TEMP_BUFFERS}'")
-        if not self.get_autocommit():
-            self.connection.commit()
-
     def get_connection_params(self) -> dict[str, Any]:
         """Django registers its own ``timestamptz`` loader (``psycopg_any.BaseTzLoader``:
         psycopg's pure-Python loader plus a ``replace(tzinfo=...)``), several times slower than
@@ -74,6 +69,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
             context = adapt.AdaptersMap(params["context"])
             context.register_loader("timestamptz", UTCTimestamptzLoader)
             params["context"] = context
+        params["options"] = f"{params.get('options') or ''} -c temp_buffers={TEMP_BUFFERS}".strip()
         return params
 
 
