@@ -107,11 +107,6 @@ RUN_PASSES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
-# The passes whose apply walks the ids its plan decided (each changes one candidate set
-# through ``pass_tools.transition``), by count key.
-PLANNED = ("staged_expired", "stale_marked", "archived", "pruned", "evicted", "expired", "reclaimed")
-
-
 def steps(kind: str) -> list[Step]:
     """The passes a run of ``kind`` executes (``RUN_PASSES``; a kind it does not name runs the
     full set), each with the count it feeds."""
@@ -479,7 +474,7 @@ def execute_run(
             # The apply walks the plan's ids of the passes that change one candidate set
             # (``pass_tools.planned``) and makes its own details: the rest of the plan (a
             # million-entry first run's evicted rows: most of ~100 MB) goes before it starts.
-            ctx.planned_ids = {key: plan.ids.get(key, []) for key in PLANNED}
+            ctx.planned_ids = plan.ids
             del plan
             with lifecycle.coalesced():  # open pages hear of the changes once, not once per batch
                 applied = _execute(ctx, kind, progress, recorder=recorder)
