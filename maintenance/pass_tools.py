@@ -52,6 +52,8 @@ class RunContext:
     explicit_grace: bool = False
     # Held entries the passes skipped (ids), for the run's held_skipped count.
     held: set[int] = field(default_factory=set)
+    # Whether the workspace has an entry with a hold, asked once per phase (``held_only``).
+    any_held: bool | None = None
     # The plan: the score pass fills the temporary maintenance_planscore table instead of the
     # stored columns, and the passes read importance and retention from it (``importance_of``).
     planning: bool = False
@@ -136,7 +138,18 @@ def _rule(ctx: RunContext, *, honour_pin: bool, holds: bool) -> Q:
 
 
 def held_only(qs: QuerySet[Entry], ctx: RunContext, *, honour_pin: bool = True) -> QuerySet[Entry]:
-    """The entries of ``qs`` that only an operator hold keeps from automation."""
+    """The entries of ``qs`` that only an operator hold keeps from automation. A workspace
+    without a single hold answers none without reading ``qs``: the question is asked once per
+    phase (``RunContext.any_held``), instead of one more read of the pass's candidates per
+    pass (there is no index on ``held_at``: a revert sets it on every entry it puts back, and
+    an indexed column changed makes that update non-HOT). A hold placed later in the phase
+    (an operator's, concurrently; a dispute's, by pass 14, after every pass that asks) keeps
+    its entry out of every candidate set all the same: only the ``held_skipped`` count would
+    miss it."""
+    if ctx.any_held is None:
+        ctx.any_held = latest(ctx).filter(held_at__isnull=False).exists()
+    if not ctx.any_held:
+        return qs.none()
     return qs.exclude(_rule(ctx, honour_pin=honour_pin, holds=False)).filter(
         held(now=ctx.now, hold_days=ctx.policy.operator_hold_days)
     )

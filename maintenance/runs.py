@@ -201,7 +201,7 @@ def _execute(
     recorder: Progress | None = None,
 ) -> Outcome:
     outcome = Outcome()
-    ctx.held = set()
+    ctx.held, ctx.any_held = set(), None
     for step_no, (key, step) in enumerate(steps(kind), start=1):
         if key in skip:
             continue

@@ -237,6 +237,17 @@ def test_the_fragments_of_all_groups_are_read_together_not_group_by_group(worksp
     selects = [q["sql"] for q in ctx.captured_queries if q["sql"].lstrip().upper().startswith("SELECT")]
     reading_both = [sql for sql in selects if "'s-alpha'" in sql and "'s-beta'" in sql]
     reading_one = [sql for sql in selects if ("'s-alpha'" in sql) != ("'s-beta'" in sql)]
-    # The plan and the apply each read the fragments and those an operator hold keeps out.
-    assert len(reading_both) == 4
+    # The plan and the apply each read the fragments (those an operator hold keeps out are
+    # read only where some entry is held: none is here).
+    assert len(reading_both) == 2
     assert reading_one == []
+    # Once the workspace has a hold (on any entry), both also read the held fragments.
+    held = new_entries.entry_create(workspace=workspace, content="a note an operator held", now=now)
+    Entry.objects.filter(pk=held.pk).update(held_at=now, held_by="user:ops", hold_reason="reject")
+    group(workspace, now, 11, session="s-gamma")
+    group(workspace, now, 11, session="s-delta")
+    with CaptureQueriesContext(connection) as ctx:
+        assert consolidate(workspace, now)["counts"]["summaries_created"] == 2
+    selects = [q["sql"] for q in ctx.captured_queries if q["sql"].lstrip().upper().startswith("SELECT")]
+    reading_both = [sql for sql in selects if "'s-gamma'" in sql and "'s-delta'" in sql]
+    assert len(reading_both) == 4
