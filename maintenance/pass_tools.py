@@ -224,7 +224,12 @@ def transition(
     if plan_status.active():
         return _planned_transition(ctx, candidates, to_status=to_status, detail_fields=detail_fields)
     result = PassResult()
-    for rows in locked_batches(ctx, candidates, detail_fields, ids=ids):
+    # Status changes only are spread over the table (``lifecycle.batches``); a tombstoning
+    # pass keeps consecutive ids: a revert reads its Tombstones and events back by runs of
+    # consecutive entries, and spread they cost it 10–15 s more at 1,000,000 entries, for
+    # no gain in the pass itself (bench/reports/maintenance.md, "Batches spread over the table").
+    spread = tombstone_reason is None
+    for rows in locked_batches(ctx, candidates, detail_fields, ids=ids, spread=spread):
         if detail_fields:
             result.rows.extend(_detail_rows(rows, detail_fields))
         if destructive and not result.ids:
@@ -243,6 +248,9 @@ def transition(
             details_of={i: details_of[i] for i in batch if i in details_of} if details_of else None,
         )
         result.ids += batch
+    # In id order whatever the batches' (``lifecycle.batches``): as the plan reports them.
+    result.ids.sort()
+    result.rows.sort(key=lambda r: r["id"])
     result.count = len(result.ids)
     return result
 
@@ -264,17 +272,19 @@ def locked_batches(
     fields: tuple[str, ...] = (),
     *,
     ids: Sequence[int] | None = None,
+    spread: bool = True,
 ) -> Iterator[list[dict[str, Any]]]:
     """The candidates' ids read once (one statement; or ``ids``, the plan's), then per batch of
     ``ctx.batch_size`` one transaction: the batch's ids locked and read again through the whole
     predicate, the rows still candidates (``pk`` and ``fields``) yielded — the caller writes
     them inside that transaction — and the lease renewed after it. A batch none of whose rows
-    qualify any more is not yielded."""
+    qualify any more is not yielded. On PostgreSQL the batches are spread over the table
+    (``memory.lifecycle.batches``) unless ``spread`` is false."""
     ids_all = sorted(ids) if ids is not None else list(candidates.order_by("pk").values_list("pk", flat=True))
-    for start in range(0, len(ids_all), ctx.batch_size):
+    for batch in lifecycle.batches(ids_all, ctx.batch_size, spread=spread):
         with transaction.atomic():
             rows = list(
-                candidates.filter(pk__any_of=ids_all[start : start + ctx.batch_size])
+                candidates.filter(pk__any_of=batch)
                 .select_for_update(of=("self",))
                 .order_by("pk")
                 .values("pk", *fields)

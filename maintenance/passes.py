@@ -121,6 +121,7 @@ def graduate_staged(ctx: RunContext) -> PassResult:
             ignore_conflicts=True,
         )
         result.ids += ids
+    result.ids.sort()
     result.count = len(result.ids)
     return result
 

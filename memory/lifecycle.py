@@ -47,6 +47,21 @@ class Tombstoning:
     purge_after: datetime
 
 
+def batches(ids: Sequence[int], size: int, *, spread: bool = True) -> list[Sequence[int]]:
+    """``ids`` (sorted) in batches of at most ``size``, each sorted. On PostgreSQL batch k
+    takes every n-th id from the k-th (n batches): a batch changes about one row per page of
+    the table, so every new row version finds room on its page and the update is HOT (no
+    index touched) — the page is pruned of the versions earlier batches left before a later
+    one comes back to it. Consecutive ids changed most rows of a page in one transaction, and
+    only about half the updates found room (bench/reports/maintenance.md, "Batches spread over
+    the table"). Elsewhere, or with ``spread`` false, consecutive ids: SQLite has no HOT
+    updates and writes fewer pages per transaction that way."""
+    count = -(-len(ids) // size) if size > 0 else 0
+    if spread and connection.vendor == "postgresql" and count > 1:
+        return [ids[k::count] for k in range(count)]
+    return [ids[start : start + size] for start in range(0, len(ids), size)]
+
+
 def change_status(
     workspace_id: int,
     ids: Sequence[int],

@@ -771,6 +771,53 @@ def test_a_candidate_that_stops_qualifying_before_its_batch_is_left_alone(worksp
     assert (status(first), status(second)) == ("tombstoned", "active")
 
 
+def test_status_changes_spread_their_batches_on_postgresql_and_results_stay_in_id_order(
+    workspace, now, monkeypatch
+):
+    """On PostgreSQL a batch of status changes takes every n-th candidate, so it changes about
+    one row per page and each new row version finds room beside the old one (a HOT update);
+    a tombstoning pass, and every pass elsewhere, takes consecutive ids. Either way the pass
+    reports its ids, and a decay sweep its rows, in id order."""
+    from django.db import connection
+
+    from maintenance import pass_tools, passes
+    from memory import lifecycle
+    from memory.policy import PolicyValues
+
+    idle = sorted(
+        make(workspace, now, age_days=91, updated_at=now - timedelta(days=91), tier="semantic").pk
+        for _ in range(6)
+    )
+    cold = sorted(make(workspace, now, age_days=200).pk for _ in range(6))
+    written: list[tuple[str, list[int]]] = []
+    original = lifecycle.change_status
+
+    def spy(workspace_id, ids, to_status, *args, **kwargs):
+        written.append((to_status, list(ids)))
+        return original(workspace_id, ids, to_status, *args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "change_status", spy)
+    run_row = MaintenanceRun.objects.create(workspace=workspace, kind="full", trigger="cli", started_at=now)
+    values = PolicyValues(cold_threshold=0.0)
+    ctx = pass_tools.RunContext(workspace=workspace, now=now, policy=values, run=run_row, batch_size=2)
+    passes.score(ctx)
+    stale = passes.mark_stale(ctx)
+    ctx.policy = PolicyValues()
+    decay = passes.decay(ctx)
+    marked = [ids for to, ids in written if to == "stale"]
+    tombstoned = [ids for to, ids in written if to == "tombstoned"]
+    both = sorted(idle + cold)  # both idle for 90 days: marked stale; only episodic decays
+    if connection.vendor == "postgresql":
+        assert marked == [[both[k], both[k + 6]] for k in range(6)]
+    else:
+        assert marked == [both[k : k + 2] for k in range(0, 12, 2)]
+    assert tombstoned == [cold[0:2], cold[2:4], cold[4:6]]
+    assert stale.ids == both
+    assert decay.ids == cold and [r["id"] for r in decay.rows] == cold
+    assert lifecycle.batches([1, 2, 3, 4, 5], 5) == [[1, 2, 3, 4, 5]]
+    assert lifecycle.batches([], 500) == []
+
+
 def test_only_a_decay_sweep_gathers_the_evicted_and_expired_rows_details(workspace, now, monkeypatch):
     # A full run's result carries no per-row details: at a million entries gathering them kept
     # ~250,000 dicts alive through the run.
