@@ -227,7 +227,8 @@ def transition(
     # Status changes only are spread over the table (``lifecycle.batches``); a tombstoning
     # pass keeps consecutive ids: a revert reads its Tombstones and events back by runs of
     # consecutive entries, and spread they cost it 10–15 s more at 1,000,000 entries, for
-    # no gain in the pass itself (bench/reports/maintenance.md, "Batches spread over the table").
+    # no gain in the pass itself (bench/reports/maintenance.md, "status changes spread over
+    # the table").
     spread = tombstone_reason is None
     for rows in locked_batches(ctx, candidates, detail_fields, ids=ids, spread=spread):
         if detail_fields:

@@ -53,8 +53,8 @@ def batches(ids: Sequence[int], size: int, *, spread: bool = True) -> list[Seque
     the table, so every new row version finds room on its page and the update is HOT (no
     index touched) — the page is pruned of the versions earlier batches left before a later
     one comes back to it. Consecutive ids changed most rows of a page in one transaction, and
-    only about half the updates found room (bench/reports/maintenance.md, "Batches spread over
-    the table"). Elsewhere, or with ``spread`` false, consecutive ids: SQLite has no HOT
+    only about half the updates found room (bench/reports/maintenance.md, "status changes spread
+    over the table"). Elsewhere, or with ``spread`` false, consecutive ids: SQLite has no HOT
     updates and writes fewer pages per transaction that way."""
     count = -(-len(ids) // size) if size > 0 else 0
     if spread and connection.vendor == "postgresql" and count > 1:
