@@ -84,6 +84,8 @@ def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
                 fragments(ctx, only).filter(pk__in=[r["pk"] for r in rows]),
                 to_status=Status.ARCHIVED,
                 reason=REASON,
+                # One transaction for the whole group: its row locks in id order.
+                spread=False,
             )
         summaries.append(summary)
         result.ids += archived.ids

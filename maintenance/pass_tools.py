@@ -208,6 +208,7 @@ def transition(
     detail_fields: tuple[str, ...] = (),
     details_of: Mapping[int, Mapping[str, Any]] | None = None,
     ids: Sequence[int] | None = None,
+    spread: bool = True,
 ) -> PassResult:
     """Move every candidate (among ``ids`` when given: ``planned``) to ``to_status`` in
     batches: one transaction per batch holding the status UPDATE, the LifecycleEvents and (for
@@ -224,12 +225,14 @@ def transition(
     if plan_status.active():
         return _planned_transition(ctx, candidates, to_status=to_status, detail_fields=detail_fields)
     result = PassResult()
-    # Status changes only are spread over the table (``lifecycle.batches``); a tombstoning
+    # Status changes only are spread over the table (``lifecycle.batches``), and not by a
+    # caller that holds every batch in one transaction of its own (``spread=False``: its
+    # locks must stay in id order, and no page is pruned before it commits); a tombstoning
     # pass keeps consecutive ids: a revert reads its Tombstones and events back by runs of
     # consecutive entries, and spread they cost it 10–15 s more at 1,000,000 entries, for
     # no gain in the pass itself (bench/reports/maintenance.md, "status changes spread over
     # the table").
-    spread = tombstone_reason is None
+    spread = spread and tombstone_reason is None
     for rows in locked_batches(ctx, candidates, detail_fields, ids=ids, spread=spread):
         if detail_fields:
             result.rows.extend(_detail_rows(rows, detail_fields))

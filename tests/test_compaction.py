@@ -251,3 +251,24 @@ def test_the_fragments_of_all_groups_are_read_together_not_group_by_group(worksp
     selects = [q["sql"] for q in ctx.captured_queries if q["sql"].lstrip().upper().startswith("SELECT")]
     reading_both = [sql for sql in selects if "'s-gamma'" in sql and "'s-delta'" in sql]
     assert len(reading_both) == 4
+
+
+def test_a_group_larger_than_a_batch_locks_its_fragments_in_id_order(workspace, now, monkeypatch):
+    """A group is archived in one transaction of its own, so every batch's row locks stay
+    until it commits: its batches are consecutive, never spread over the table as a pass's
+    status changes are on PostgreSQL (an operator's action locking two of its fragments in id
+    order could otherwise deadlock with it)."""
+    from memory import lifecycle
+
+    ids = sorted(e.pk for e in group(workspace, now, 11, session="s-big"))
+    archived: list[int] = []
+    original = lifecycle.change_status
+
+    def spy(workspace_id, batch, to_status, *args, **kwargs):
+        if to_status == "archived":
+            archived.extend(batch)
+        return original(workspace_id, batch, to_status, *args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "change_status", spy)
+    assert consolidate(workspace, now, batch_size=2)["counts"]["summaries_created"] == 1
+    assert archived == ids
