@@ -15,15 +15,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
 from maintenance import plan_status
 from maintenance.models import PlanScore
 from memory import lifecycle
-from memory.models import Entry, EntryScore, Relationship, Workspace
+from memory.models import Entry, Relationship, Workspace
 from memory.models.choices import RelationshipType, Status, TombstoneReason
-from memory.models.entries import RETENTION_UNSCORED, held, protected, stored_retention
+from memory.models.entries import held, protected, stored_retention
 from memory.policy import PolicyValues
 from memory.scoring_db import counted_end
 
@@ -103,16 +103,13 @@ def latest(ctx: RunContext) -> QuerySet[Entry]:
 
 
 def _score_of(ctx: RunContext, column: str) -> Any:
+    # In the plan, an entry its score pass did not score (written during the plan, or rescored
+    # in place since) has its stored value, as it has in the apply: a retention looked up only
+    # for those (a join of every entry's stored retention cost the decay pass's plan a hash of
+    # 1,000,000).
+    stored = F(column) if column == "importance" else stored_retention(lookup=ctx.planning)
     if not ctx.planning:
-        return F(column) if column == "importance" else stored_retention()
-    # An entry the plan's score pass did not score (written during the plan, or rescored in
-    # place since) has its stored value, as it has in the apply: looked up only for those (a
-    # join of every entry's stored retention cost the decay pass's plan a hash of 1,000,000).
-    if column == "importance":
-        stored: Any = F(column)
-    else:
-        own = EntryScore.objects.filter(entry_id=OuterRef("pk")).values("retention")[:1]
-        stored = Coalesce(Subquery(own), Value(RETENTION_UNSCORED))
+        return stored
     planned = PlanScore.objects.filter(entry_id=OuterRef("pk")).values(column)[:1]
     return Coalesce(Subquery(planned), stored)
 

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import models
-from django.db.models import BooleanField, Exists, Expression, F, OuterRef, Q, Value
+from django.db.models import BooleanField, Exists, Expression, F, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -362,9 +362,13 @@ class Entry(models.Model):
 RETENTION_UNSCORED = 1.0  # retention before the first scoring (a fresh memory's at the default salience)
 
 
-def stored_retention() -> Coalesce:
-    """An entry's stored retention in a query: its ``EntryScore`` row's (a join), else
+def stored_retention(*, lookup: bool = False) -> Coalesce:
+    """An entry's stored retention in a query: its ``EntryScore`` row's (a join; with
+    ``lookup`` a subquery per row, for a query that needs it for few of its rows), else
     ``RETENTION_UNSCORED``."""
+    if lookup:
+        own = EntryScore.objects.filter(entry_id=OuterRef("pk")).values("retention")[:1]
+        return Coalesce(Subquery(own), Value(RETENTION_UNSCORED))
     return Coalesce(F("score__retention"), Value(RETENTION_UNSCORED))
 
 
