@@ -30,8 +30,11 @@ after (the machine is shared: the report shows the load beside every number):
 5. **restore** of the run's pre-prune backup (``restore_backup(force=True)``: the run and the
    revert changed rows after the backup was taken), then a checksum of the workspace's
    entries and the table counts, which must equal those before the run;
-6. **hygiene preview** first page (``hygiene.preview(limit=50)``) and the **review page's
-   tab counts** (``console_selectors.review_counts``), each called twice (first, again).
+6. **the worker's hygiene schedule** (``maintenance.tasks.assess_hygiene_verdicts``: the
+   verdicts of entries changed meanwhile, then the kept hygiene rank folded or rebuilt), timed
+   as its own step, as the worker does it after a run; then the **hygiene preview** first
+   page (``hygiene.preview(limit=50)``) and the **review page's tab counts**
+   (``console_selectors.review_counts``), each called twice (first, again).
 
 Each pass of the dry and real runs is timed (the passes are wrapped where ``runs.steps``
 hands them out), with the rows it reported and its statements; the plan's passes and the
@@ -345,6 +348,17 @@ def _verdicts_note(r: dict[str, Any]) -> str:
         return f"failed: {r.get('stopped') or r.get('error')}"
     made = sum((r.get("assessed") or {}).values())
     return f"{made:,} assessed now in {r.get('seconds', 0):.1f} s" if made else "the seed had them all"
+
+
+def _worker_note(r: dict[str, Any]) -> str:
+    """What the worker's hygiene schedule did before the reads: verdicts made, rank folded."""
+    made = sum((r.get("assessed") or {}).values())
+    ranked = [v for v in (r.get("ranked") or {}).values()]
+    folded = sum(v.get("folded", 0) for v in ranked)
+    rebuilt = sum(v.get("rebuilt", 0) for v in ranked)
+    parts = [f"{made:,} verdicts made"]
+    parts.append(f"rank rebuilt ({rebuilt:,} rows)" if rebuilt else f"{folded:,} rank marks folded")
+    return ", ".join(parts)
 
 
 def op_verdicts(ws: Any, arg: str, counter: Counter) -> dict[str, Any]:
@@ -778,6 +792,7 @@ def measure(target: Target, n: int, args: argparse.Namespace) -> dict[str, Any]:
     if args.reads_only:
         # The read targets alone (hygiene first page, review counts) on the untouched seed: a
         # minute at 1,000,000 entries instead of the hour a run, its revert and restore take.
+        step("worker", "verdicts")
         step("reads", "reads")
         target.drop_work()
         return out
@@ -800,6 +815,9 @@ def measure(target: Target, n: int, args: argparse.Namespace) -> dict[str, Any]:
             "counts", {}
         ).get("entries") == before.get("counts", {}).get("entries")
     out["dead_rows"] = after.get("dead_rows")
+    # What the worker's hygiene schedule does after the run, revert and restore (verdicts of
+    # changed entries, the kept rank folded: timed here), then the reads a visitor makes.
+    step("worker", "verdicts")
     step("reads", "reads")
     if args.api_load:
         # Last, on the workspace as the restore left it (the load's writes must not reach the
@@ -935,6 +953,8 @@ def render_section(
             r,
             f"{r.get('restored', 0):,} rows inserted, {r.get('overwritten', 0):,} overwritten; {same}{kept}",
         )
+    if "worker" in m:
+        row("the worker's hygiene schedule before the reads", m["worker"], _worker_note(m["worker"]))
     reads = m.get("reads", {})
     for name, label_text in (
         ("hygiene", "hygiene preview, first page of 50"),

@@ -1,5 +1,5 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_migrate
+from django.db.models.signals import post_delete, post_migrate
 
 
 class MaintenanceConfig(AppConfig):
@@ -10,8 +10,9 @@ class MaintenanceConfig(AppConfig):
     def ready(self) -> None:
         # Only connects: no database work at import or here (the tables may not exist yet).
         from maintenance import contradictions
-        from maintenance.signals import sync_schedules_after_migrate
+        from maintenance.signals import forget_rank_marks, sync_schedules_after_migrate
         from memory import writes
+        from memory.models import Workspace
 
         # A rule written through any door is checked for contradictions before it returns.
         writes.install_write_check(contradictions)
@@ -19,3 +20,5 @@ class MaintenanceConfig(AppConfig):
         post_migrate.connect(
             sync_schedules_after_migrate, sender=self, dispatch_uid="maintenance.sync_schedules"
         )
+        # The triggers mark every entry a workspace's deletion removes; nothing folds them then.
+        post_delete.connect(forget_rank_marks, sender=Workspace, dispatch_uid="maintenance.forget_rank_marks")

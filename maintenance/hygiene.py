@@ -4,7 +4,7 @@ The text detectors' verdict and points are stored per entry (``HygieneAssessment
 while the entry's title, content hash and the residue patterns (with ``DETECTORS_VERSION``) stay
 the ones it was made with. A run's plan never stores verdicts (``PlanVerdicts`` keeps them until
 its transaction is over). The database adds the column reasons' points, filters, counts and
-ranks (``_scored``): a page or the tab's count reads no entry it does not show.
+ranks (``scored_entries``): a page or the tab's count reads no entry it does not show.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import orjson
 from django.db import connection
 from django.db.models import (
     Case,
-    Count,
     Exists,
     F,
     IntegerField,
@@ -38,6 +37,7 @@ from django.db.models import (
 from django.db.models.functions import Cast, Coalesce, Substr
 from django.utils import timezone
 
+from maintenance import hygiene_rank
 from maintenance.hygiene_text import (
     ARCHIVE_SCORE,
     CANDIDATE_SCORE,
@@ -52,9 +52,8 @@ from maintenance.hygiene_text import (
     score,
     text_reasons,
 )
-from maintenance.models import HygieneAssessment
+from maintenance.models import HygieneAssessment, HygieneRank
 from maintenance.plan_status import status_in
-from memory.capped import capped_count
 from memory.models import Entry, Workspace
 from memory.models.choices import EXCERPT_CHARS, LIVE_STATUSES, Source, Status
 from memory.policy import PolicyValues
@@ -299,7 +298,13 @@ def assess_in_background(
     return _assess_missing(workspace, active, patterns, until=until)
 
 
-def _scored(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Pattern]) -> QuerySet[Entry]:
+def fold_rank(workspace: Workspace) -> dict[str, int]:
+    """Fold the workspace's kept rank (``hygiene_rank.fold``) with its current patterns."""
+    _, patterns = read_policy(workspace)
+    return hygiene_rank.fold(workspace, patterns)
+
+
+def scored_entries(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Pattern]) -> QuerySet[Entry]:
     """The entries of ``qs`` with their score (``hygiene_points``), computed by the database:
     the stored text points plus the column reasons (an older live copy, flagging feedback, an
     import) — the rule of ``assess`` and ``score``, read from the same POINTS (a parity test
@@ -319,14 +324,14 @@ def _scored(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Patter
 
 
 def may_archive(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Pattern]) -> QuerySet[Entry]:
-    """The entries of ``qs`` whose score, computed by the database (``_scored``), reaches
+    """The entries of ``qs`` whose score, computed by the database (``scored_entries``), reaches
     ARCHIVE_SCORE, and those without a valid stored assessment (the scan assesses them): what
     the low-quality pass reads into Python, instead of every entry it considers (440,000 at
     1,000,000 entries, to archive ~7,000). The score is compared once (NULL counts as reaching
     it): an OR of two comparisons would compute it twice for most rows."""
     at_least = Coalesce(F("hygiene_points"), Value(ARCHIVE_SCORE))
     return (
-        _scored(workspace, qs, patterns)
+        scored_entries(workspace, qs, patterns)
         .alias(archive_floor=at_least)
         .filter(archive_floor__gte=ARCHIVE_SCORE)
     )
@@ -397,7 +402,7 @@ def _queue(workspace: Workspace) -> _Queue:
     there are, the caller assesses them and asks again."""
     policy, patterns = read_policy(workspace)
     eligible = eligible_entries(workspace, policy)
-    scored = _scored(workspace, eligible, patterns)
+    scored = scored_entries(workspace, eligible, patterns)
     ranked = scored.filter(Q(hygiene_points__gte=CANDIDATE_SCORE) | Q(hygiene_points__isnull=True)).order_by(
         F("hygiene_points").desc(nulls_first=True), "created_at", "pk"
     )
@@ -441,23 +446,29 @@ def candidates(workspace: Workspace) -> list[Candidate]:
     return _listed(workspace, [r for r in itertools.chain(ahead, rows) if r["hygiene_points"] is not None])
 
 
+def _rank_ready(workspace: Workspace, patterns: Sequence[Pattern], missing: QuerySet[HygieneRank]) -> None:
+    """Assess the queue's entries that have no valid stored verdict yet (``missing``: their rank
+    rows) and fold those verdicts into the kept rank."""
+    _assess_missing(workspace, Entry.objects.filter(pk__in=missing.values("entry_id")), patterns)
+    hygiene_rank.fold(workspace, patterns)
+
+
 def count(workspace: Workspace, *, cap: int | None = None) -> int:
-    """How many hygiene candidates the workspace has (the review tab's count): one statement
-    in the steady state. With ``cap``, more than ``cap`` candidates already assessed answer
-    ``cap + 1`` as soon as the database has found that many (``memory.capped``); fewer are
-    counted exactly, entries still to assess included."""
-    queue = _queue(workspace)
-    if cap is not None:
-        assessed = capped_count(queue.assessed, cap=cap)
-        if assessed > cap:
+    """How many hygiene candidates the workspace has (the review tab's count), read from the
+    kept rank (``hygiene_rank``) once it is folded. With ``cap``, more than ``cap`` candidates
+    already assessed answer ``cap + 1`` (``memory.capped``) before any entry is assessed;
+    fewer are counted exactly, entries still to assess assessed first."""
+    policy, patterns = read_policy(workspace)
+    now = timezone.now()
+    hygiene_rank.fold(workspace, patterns)
+    for attempt in range(2):
+        assessed, missing = hygiene_rank.counted(workspace, policy, now, cap=cap)
+        if (cap is not None and assessed > cap) or not missing or attempt:
             return assessed
-    got: dict[str, int] = {}
-    for _ in range(2):
-        got = queue.ranked.aggregate(rows=Count("pk"), listed=Count("hygiene_points"))
-        if got["rows"] == got["listed"]:
-            break
-        queue.assess()
-    return got["listed"]
+        _rank_ready(
+            workspace, patterns, hygiene_rank.queue(workspace, policy, now).filter(points__isnull=True)
+        )
+    return assessed
 
 
 def _ranked_page(
@@ -477,7 +488,7 @@ def _ranked_page(
     2.3 evaluations per eligible entry at 1,000,000 entries. Returns the page's (id, points)
     in order, the rows matching (entries still to assess included) and how many of them are
     assessed."""
-    inner = _scored(workspace, eligible_entries(workspace, policy), patterns)
+    inner = scored_entries(workspace, eligible_entries(workspace, policy), patterns)
     # Named by annotations: the outer statement reads them by these names.
     inner = inner.annotate(q_id=F("pk"), q_created=F("created_at"), q_access=F("access_count"))
     fields = ["q_id", "q_created", "q_access", "hygiene_points"]
@@ -549,10 +560,25 @@ def page(
     """How many candidates match the filters (``recommendation`` archive/review, a
     ``reason`` code), and the page ``offset``..``offset + limit`` of them, best first: the
     database filters, counts and ranks them in one statement (``_ranked_page``), and only the
-    page's rows come back. Entries still to assess are assessed first (then the statement runs
-    again)."""
+    page's rows come back. Without filters (the queue as it opens) the page and the counts are
+    read from the kept rank instead (``hygiene_rank``), once it is folded. Entries still to
+    assess are assessed first (then the statement runs again)."""
     start, end = max(offset, 0), max(offset, 0) + max(limit, 0)
     policy, patterns = read_policy(workspace)
+    if recommendation is None and reason is None:  # the whole queue: read from the kept rank
+        now = timezone.now()
+        hygiene_rank.fold(workspace, patterns)
+        read = functools.partial(hygiene_rank.ranked_page, workspace, policy, now)
+        for attempt in range(2):
+            ranked, matching, listed = read(start=start, end=end)
+            if not ranked:  # a page past the last candidate (or an empty one): counts from the first
+                _, matching, listed = read(start=0, end=1)
+            if matching == listed or attempt:
+                break
+            _rank_ready(
+                workspace, patterns, hygiene_rank.queue(workspace, policy, now).filter(points__isnull=True)
+            )
+        return listed, _listed(workspace, _page_rows(ranked, patterns))
     ask = functools.partial(
         _ranked_page, workspace, policy, patterns, start=start, recommendation=recommendation, reason=reason
     )

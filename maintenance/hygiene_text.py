@@ -22,7 +22,7 @@ from memory.models.choices import Source
 from memory.policy import SOURCE_PATH
 
 MIN_CONTENT_WORDS = 9
-# Points of each reason: the detectors below and the SQL score of ``hygiene._scored`` read them here.
+# Points of each reason: the detectors below and the SQL score of ``hygiene.scored_entries`` read them here.
 POINTS = {
     "incomplete_fragment": 2,
     "truncated_or_unbalanced": 2,

@@ -303,3 +303,61 @@ class HygieneAssessment(models.Model):
 
     def __str__(self) -> str:
         return f"hygiene assessment of entry {self.entry_id}"
+
+
+class HygieneRank(models.Model):
+    """The hygiene queue kept ranked, so that its first page and its count read a narrow index
+    instead of scoring every active entry on every call (``maintenance.hygiene_rank``). One row
+    per latest active entry that automation may touch by its own columns (managed source, not
+    constitutional, not pinned, not kept) and that is listed (points ≥ CANDIDATE_SCORE) or not
+    assessed yet (points NULL). What may change without a write to the entry is read beside it
+    when the queue is read: the hold's age (``held_at``) and the policy's excluded tags.
+    Kept by folding the entries marked in ``HygieneRankDirty``; a different rank key (residue
+    patterns, detector version, points) rebuilds the workspace's rows (``HygieneRankState``)."""
+
+    entry_id = models.BigIntegerField(primary_key=True)
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+", db_index=False)
+    points = models.IntegerField(null=True)
+    created_at = models.DateTimeField()
+    held_at = models.DateTimeField(null=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["workspace", "-points", "created_at", "entry_id"], name="hygiene_rank_order"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"hygiene rank of entry {self.entry_id}"
+
+
+class HygieneRankDirty(models.Model):
+    """Entries whose hygiene rank may have changed, written by database triggers on
+    ``memory_entry`` (a change of any column the rank reads: inserts, deletes, and updates of
+    status, latest flag, title, content hash, source, feedback, tier, pin, hold, keep, created)
+    and on ``maintenance_hygieneassessment``: no door of the product can change an entry
+    without the rank hearing of it. ``content_hash`` names the copies whose duplicate points
+    may have changed with it (NULL: the entry alone). Several rows for one entry are fine:
+    folding claims them all."""
+
+    workspace_id = models.BigIntegerField()
+    entry_id = models.BigIntegerField()
+    content_hash = models.CharField(max_length=64, null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["workspace_id", "id"], name="hygiene_dirty_by_workspace")]
+
+    def __str__(self) -> str:
+        return f"hygiene rank of entry {self.entry_id} to fold"
+
+
+class HygieneRankState(models.Model):
+    """The key a workspace's ``HygieneRank`` rows were computed with; its row is also the lock
+    that lets one fold at a time work on them."""
+
+    workspace = models.OneToOneField(Workspace, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    rank_key = models.CharField(max_length=64)
+
+    def __str__(self) -> str:
+        return f"hygiene rank state of {self.workspace_id}"

@@ -19,7 +19,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.dispatch import Signal
 from django_q.models import Schedule
 
-from maintenance.models import MaintenanceRun
+from maintenance.models import HygieneRankDirty, MaintenanceRun
 from maintenance.schedules import sync_schedules
 
 log = logging.getLogger(__name__)
@@ -54,3 +54,9 @@ def sync_schedules_after_migrate(
         for action in ("created", "updated", "removed"):
             for name in result[action]:
                 out.write(f"  Schedule {name}: {action}\n")
+
+
+def forget_rank_marks(sender: Any, instance: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
+    """A deleted workspace's hygiene rank marks (``HygieneRankDirty`` names its workspace by id
+    only, so that the triggers can write it while the entries are deleted) go with it."""
+    HygieneRankDirty.objects.using(using).filter(workspace_id=instance.pk).delete()

@@ -194,21 +194,27 @@ HYGIENE_BUDGET_SECONDS = 120.0
 
 def assess_hygiene_verdicts(budget_seconds: float | None = None) -> dict[str, Any]:
     """The missing hygiene verdicts of every workspace (``hygiene.assess_in_background``), one
-    workspace after the other until the budget is spent (at least one batch is assessed); the
-    next call goes on where work is left — a workspace with none left costs one query."""
+    workspace after the other until the budget is spent (at least one batch is assessed), each
+    workspace's kept rank folded once its verdicts are made (``hygiene.fold_rank``); the next
+    call goes on where work is left — a workspace with nothing left costs two queries."""
     deadline = time.monotonic() + (HYGIENE_BUDGET_SECONDS if budget_seconds is None else budget_seconds)
 
     def spent() -> bool:
         return time.monotonic() >= deadline
 
     assessed: dict[str, int] = {}
+    ranked: dict[str, dict[str, int]] = {}
     for workspace in Workspace.objects.order_by("pk"):
         n, done = hygiene.assess_in_background(workspace, until=spent)
         if n:
             assessed[workspace.slug] = n
+        if done:  # the kept rank takes the verdicts in: the next reader finds nothing to fold
+            folded = hygiene.fold_rank(workspace)
+            if any(folded.values()):
+                ranked[workspace.slug] = folded
         if not done or spent():  # the workspaces after this one wait for the next call
-            return {"assessed": assessed, "done": False}
-    return {"assessed": assessed, "done": True}
+            return {"assessed": assessed, "ranked": ranked, "done": False}
+    return {"assessed": assessed, "ranked": ranked, "done": True}
 
 
 def dispatch_due_maintenance(now: datetime | None = None) -> dict[str, Any]:

@@ -25,14 +25,18 @@ User = get_user_model()
 
 # LiveMessage is the transport of live updates in embedded mode (a short-lived outbox), not
 # data an operator manages; nor are the API's stored idempotent answers (24 h), a run's plan
-# scores and statuses (temporary tables of one run) or the stored hygiene verdicts (a cache of the text
-# detectors, recomputed when text or patterns change).
+# scores and statuses (temporary tables of one run), the stored hygiene verdicts (a cache of the text
+# detectors, recomputed when text or patterns change) or the kept hygiene rank (derived from
+# entries and verdicts, with its marks and state).
 NOT_DOMAIN = {
     "memory.LiveMessage",
     "memory.IdempotencyKey",
     "maintenance.PlanScore",
     "maintenance.PlanStatus",
     "maintenance.HygieneAssessment",
+    "maintenance.HygieneRank",
+    "maintenance.HygieneRankDirty",
+    "maintenance.HygieneRankState",
     "memory.EntryScore",  # derived scores, shown read-only on the entry's own admin page
 }
 DOMAIN_MODELS = sorted(

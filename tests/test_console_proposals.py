@@ -161,8 +161,8 @@ def test_the_pending_tab_takes_the_same_queries_for_3_or_30_proposals(
     client.get(url(propose_workspace) + "?tab=pending")  # warm the session
     # session, user, workspace, membership; groups; count + rows of the page; the other tab
     # counts (automatic, tombstones, disputes: one capped statement; the hygiene count: the
-    # policy, a capped count of the assessed candidates and, as there are fewer than the cap,
-    # one exact count of the candidates and the entries without a stored verdict); the
+    # policy, whether its kept rank has marks to fold, and one capped statement counting the
+    # assessed candidates and the entries without a stored verdict); the
     # header's live counts; the cold threshold the note on retention quotes (decay proposals).
     with django_assert_num_queries(13) as few:
         assert client.get(url(propose_workspace) + "?tab=pending").status_code == 200

@@ -610,7 +610,9 @@ def test_preview_query_count_does_not_grow_with_entries(workspace, now):
         return len(ctx.captured_queries)
 
     small = queries(10)
-    assert queries(200) == small <= 6
+    # The policy, whether the kept rank has marks to fold (none: the first call folded them),
+    # the ranked page, its rows and verdicts, the duplicates' older ids, the listing.
+    assert queries(200) == small <= 7
 
 
 def test_stored_assessments_are_reused_until_title_content_or_patterns_change(workspace, now, monkeypatch):
@@ -836,9 +838,16 @@ def test_the_worker_makes_the_missing_verdicts_within_its_budget(
     # Out of time at once: one batch of the first workspace, the rest waits for the next call.
     assert tasks.assess_hygiene_verdicts(budget_seconds=0) == {
         "assessed": {first.slug: 2 if first == workspace else 1},
+        "ranked": {},
         "done": False,
     }
-    assert tasks.assess_hygiene_verdicts()["done"]
+    done = tasks.assess_hygiene_verdicts()
+    assert done["done"]
+    # Each workspace's kept rank is built once its verdicts are made.
+    assert done["ranked"] == {
+        workspace.slug: {"folded": 0, "rebuilt": 5},
+        other_workspace.slug: {"folded": 0, "rebuilt": 1},
+    }
     assert set(HygieneAssessment.objects.values_list("entry_id", flat=True)) == {
         *(e.pk for e in mine),
         theirs.pk,
@@ -846,8 +855,12 @@ def test_the_worker_makes_the_missing_verdicts_within_its_budget(
     assessed = count_assessments(monkeypatch)
     assert len(ids(workspace)) == 5 and assessed == []  # the queue reads what the worker made
     set_policy(workspace, residue_patterns=[r"\bnote\b"])
-    assert tasks.assess_hygiene_verdicts() == {"assessed": {workspace.slug: 5}, "done": True}
-    assert tasks.assess_hygiene_verdicts() == {"assessed": {}, "done": True}
+    assert tasks.assess_hygiene_verdicts() == {
+        "assessed": {workspace.slug: 5},
+        "ranked": {workspace.slug: {"folded": 0, "rebuilt": 5}},  # other patterns: rebuilt
+        "done": True,
+    }
+    assert tasks.assess_hygiene_verdicts() == {"assessed": {}, "ranked": {}, "done": True}
 
 
 def test_full_run_min_age_boundary(workspace, now):

@@ -1,0 +1,161 @@
+"""The database triggers that mark entries for the hygiene rank (``HygieneRankDirty``), for
+PostgreSQL (statement-level, over transition tables: one INSERT … SELECT per statement, so a
+run's batch of 500 status changes costs one extra statement, not 500) and SQLite (row-level,
+with a WHEN clause). Installed by migration 0010; the columns named here are the ones the rank
+reads (``maintenance.hygiene_rank``)."""
+
+from __future__ import annotations
+
+DIRTY = "maintenance_hygienerankdirty"
+# The entry's columns the rank reads; a change of any of them marks the entry.
+RANK_COLUMNS = (
+    "workspace_id",
+    "is_latest",
+    "status",
+    "title",
+    "content_hash",
+    "source",
+    "last_feedback",
+    "tier",
+    "pinned",
+    "held_at",
+    "review_kept_hash",
+    "created_at",
+)
+# A change of these may change the duplicate points of the entry's copies: the mark names
+# its content hash, and folding recomputes every latest entry with that hash.
+COPY_COLUMNS = ("workspace_id", "is_latest", "status", "content_hash", "created_at")
+
+
+def _changed(columns: tuple[str, ...], op: str) -> str:
+    return " OR ".join(f"n.{c} {op} o.{c}" for c in columns)
+
+
+POSTGRESQL_INSTALL = [
+    f"""
+CREATE FUNCTION hygiene_rank_mark_entries() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
+    SELECT n.workspace_id, n.id, n.content_hash FROM new_rows n WHERE n.is_latest;
+  ELSIF TG_OP = 'DELETE' THEN
+    INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
+    SELECT o.workspace_id, o.id, o.content_hash FROM old_rows o WHERE o.is_latest;
+  ELSE
+    INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
+    SELECT n.workspace_id, n.id,
+           CASE WHEN {_changed(COPY_COLUMNS, "IS DISTINCT FROM")} THEN n.content_hash END
+    FROM new_rows n JOIN old_rows o ON o.id = n.id
+    WHERE (n.is_latest OR o.is_latest) AND ({_changed(RANK_COLUMNS, "IS DISTINCT FROM")});
+    INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
+    SELECT o.workspace_id, o.id, o.content_hash
+    FROM new_rows n JOIN old_rows o ON o.id = n.id
+    WHERE o.is_latest AND (n.content_hash IS DISTINCT FROM o.content_hash
+                           OR n.workspace_id IS DISTINCT FROM o.workspace_id);
+  END IF;
+  RETURN NULL;
+END $$""",
+    f"""
+CREATE FUNCTION hygiene_rank_mark_assessments() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'DELETE' THEN
+    INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
+    SELECT e.workspace_id, e.id, NULL FROM old_rows o JOIN memory_entry e ON e.id = o.entry_id;
+  ELSE
+    INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
+    SELECT e.workspace_id, e.id, NULL FROM new_rows n JOIN memory_entry e ON e.id = n.entry_id;
+  END IF;
+  RETURN NULL;
+END $$""",
+    "CREATE TRIGGER hygiene_rank_entry_insert AFTER INSERT ON memory_entry"
+    " REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION hygiene_rank_mark_entries()",
+    "CREATE TRIGGER hygiene_rank_entry_update AFTER UPDATE ON memory_entry"
+    " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows"
+    " FOR EACH STATEMENT EXECUTE FUNCTION hygiene_rank_mark_entries()",
+    "CREATE TRIGGER hygiene_rank_entry_delete AFTER DELETE ON memory_entry"
+    " REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION hygiene_rank_mark_entries()",
+    "CREATE TRIGGER hygiene_rank_assessment_insert AFTER INSERT ON maintenance_hygieneassessment"
+    " REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION hygiene_rank_mark_assessments()",
+    "CREATE TRIGGER hygiene_rank_assessment_update AFTER UPDATE ON maintenance_hygieneassessment"
+    " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows"
+    " FOR EACH STATEMENT EXECUTE FUNCTION hygiene_rank_mark_assessments()",
+    "CREATE TRIGGER hygiene_rank_assessment_delete AFTER DELETE ON maintenance_hygieneassessment"
+    " REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION hygiene_rank_mark_assessments()",
+]
+
+POSTGRESQL_REMOVE = [
+    *(
+        f"DROP TRIGGER IF EXISTS hygiene_rank_{t} ON {table}"
+        for table, names in (
+            ("memory_entry", ("entry_insert", "entry_update", "entry_delete")),
+            (
+                "maintenance_hygieneassessment",
+                ("assessment_insert", "assessment_update", "assessment_delete"),
+            ),
+        )
+        for t in names
+    ),
+    "DROP FUNCTION IF EXISTS hygiene_rank_mark_entries()",
+    "DROP FUNCTION IF EXISTS hygiene_rank_mark_assessments()",
+]
+
+
+def _sqlite_changed(columns: tuple[str, ...]) -> str:
+    return " OR ".join(f"NEW.{c} IS NOT OLD.{c}" for c in columns)
+
+
+SQLITE_INSTALL = [
+    f"""CREATE TRIGGER hygiene_rank_entry_insert AFTER INSERT ON memory_entry WHEN NEW.is_latest
+BEGIN
+  INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
+  VALUES (NEW.workspace_id, NEW.id, NEW.content_hash);
+END""",
+    f"""CREATE TRIGGER hygiene_rank_entry_delete AFTER DELETE ON memory_entry WHEN OLD.is_latest
+BEGIN
+  INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
+  VALUES (OLD.workspace_id, OLD.id, OLD.content_hash);
+END""",
+    f"""CREATE TRIGGER hygiene_rank_entry_update AFTER UPDATE OF {", ".join(RANK_COLUMNS)} ON memory_entry
+WHEN (NEW.is_latest OR OLD.is_latest) AND ({_sqlite_changed(RANK_COLUMNS)})
+BEGIN
+  INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
+  VALUES (NEW.workspace_id, NEW.id, CASE WHEN {_sqlite_changed(COPY_COLUMNS)} THEN NEW.content_hash END);
+  INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
+  SELECT OLD.workspace_id, OLD.id, OLD.content_hash
+  WHERE OLD.is_latest
+    AND (NEW.content_hash IS NOT OLD.content_hash OR NEW.workspace_id IS NOT OLD.workspace_id);
+END""",
+    *(
+        f"""CREATE TRIGGER hygiene_rank_assessment_{op.lower()} AFTER {op} ON maintenance_hygieneassessment
+BEGIN
+  INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
+  SELECT e.workspace_id, e.id, NULL FROM memory_entry e WHERE e.id = {row}.entry_id;
+END"""
+        for op, row in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD"))
+    ),
+]
+
+SQLITE_REMOVE = [
+    f"DROP TRIGGER IF EXISTS hygiene_rank_{t}"
+    for t in (
+        "entry_insert",
+        "entry_update",
+        "entry_delete",
+        "assessment_insert",
+        "assessment_update",
+        "assessment_delete",
+    )
+]
+
+
+def _run(schema_editor, statements: dict[str, list[str]]) -> None:  # type: ignore[no-untyped-def]
+    for sql in statements.get(schema_editor.connection.vendor, []):
+        schema_editor.execute(sql)
+
+
+def install(apps, schema_editor) -> None:  # type: ignore[no-untyped-def]
+    _run(schema_editor, {"postgresql": POSTGRESQL_INSTALL, "sqlite": SQLITE_INSTALL})
+
+
+def remove(apps, schema_editor) -> None:  # type: ignore[no-untyped-def]
+    _run(schema_editor, {"postgresql": POSTGRESQL_REMOVE, "sqlite": SQLITE_REMOVE})

@@ -1,0 +1,223 @@
+"""The kept hygiene rank (``maintenance.hygiene_rank``): marked by the database's triggers
+whatever changes an entry, folded into rows equal to a fresh computation, read with the holds
+and excluded tags of now, rebuilt when the residue patterns change; and the queue it serves
+equals the one computed from the entries (the filtered statement ``hygiene._ranked_page``)."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+
+from maintenance import hygiene, hygiene_actions, hygiene_rank
+from maintenance.hygiene import read_policy
+from maintenance.models import HygieneAssessment, HygieneRank, HygieneRankDirty, HygieneRankState
+from maintenance.tasks import assess_hygiene_verdicts
+from memory import entry_changes, entry_signals, holds, new_entries
+from memory.models import Entry
+from memory.models.choices import HoldReason
+from memory.policy_model import MaintenancePolicy
+from tests.test_hygiene import GOOD, JUNK, make
+
+pytestmark = pytest.mark.django_db
+
+# Code-heavy (1 point): listed only with another point, an import's for one.
+CODE = "Run it:\n```\nx = 1\ny = 2\nz = 3\n```\nthen `a` `b` `c` `d` and check the pool sockets twice."
+
+
+def kept(workspace):
+    return set(HygieneRank.objects.filter(workspace=workspace).values_list("entry_id", "points"))
+
+
+def fresh(workspace):
+    _, patterns = read_policy(workspace)
+    return hygiene_rank.parity_rows(workspace, patterns)
+
+
+def folded(workspace):
+    """Fold the marks, then the kept rows must equal a fresh computation."""
+    _, patterns = read_policy(workspace)
+    hygiene_rank.fold(workspace, patterns)
+    assert not HygieneRankDirty.objects.filter(workspace_id=workspace.pk).exists()
+    assert kept(workspace) == fresh(workspace)
+    return kept(workspace)
+
+
+def reference_page(workspace, limit=50, offset=0):
+    """The queue's page computed from the entries, as the filtered pages are."""
+    policy, patterns = read_policy(workspace)
+    return hygiene._ranked_page(
+        workspace, policy, patterns, start=offset, end=offset + limit, recommendation=None, reason=None
+    )
+
+
+@pytest.fixture
+def mixed(workspace, now):
+    """Junk, copies, a flag, imports, and entries protected by their own columns."""
+    assess_hygiene_verdicts(budget_seconds=60)
+    made = {
+        "junk": make(workspace, now, JUNK, age_days=50),
+        "good": make(workspace, now, GOOD, age_days=49),
+        "first copy": make(workspace, now, GOOD + " Copied.", age_days=48),
+        "second copy": make(workspace, now, GOOD + " Copied.", age_days=47),
+        "code import": make(workspace, now, CODE, age_days=46, source="import"),
+        "code agent": make(workspace, now, CODE, age_days=45.5, title="agent code"),
+        "flagged": make(workspace, now, GOOD + " Flagged.", age_days=45, last_feedback="wrong"),
+        "pinned junk": make(workspace, now, JUNK + " pinned", age_days=44, pinned=True),
+        "operator junk": make(workspace, now, JUNK + " operator", age_days=43, source="operator"),
+        "constitutional junk": make(workspace, now, JUNK + " rule", age_days=42, tier="constitutional"),
+    }
+    hygiene.count(workspace)  # verdicts made, rank built
+    return made
+
+
+def test_the_rank_holds_the_listed_entries_with_their_points(workspace, mixed):
+    rows = folded(workspace)
+    # The same as the candidates scored in Python from the entries (``hygiene.candidates``).
+    assert rows == {(c.id, c.score) for c in hygiene.candidates(workspace)}
+    listed = {pk for pk, _ in rows}
+    assert {mixed[k].pk for k in ("junk", "second copy", "code import", "flagged")} <= listed
+    assert (
+        not {
+            mixed[k].pk for k in ("good", "first copy", "pinned junk", "operator junk", "constitutional junk")
+        }
+        & listed
+    )
+    assert (mixed["second copy"].pk, 4) in rows
+
+
+def test_every_door_marks_the_entries_and_folding_keeps_the_rank_exact(workspace, mixed, now):
+    folded(workspace)
+    first, second = mixed["first copy"], mixed["second copy"]
+
+    # The older copy leaves: the later one loses its duplicate points.
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=first.pk, now=now)
+    assert (second.pk, 4) not in folded(workspace)
+    entry_changes.entry_restore(workspace=workspace, entry_id=first.pk, now=now)
+    assert (second.pk, 4) in folded(workspace)
+
+    # Feedback, a pin, a status change, a new version, a hold and its release.
+    entry_signals.entry_feedback(workspace=workspace, entry_id=mixed["good"].pk, signal="stale", now=now)
+    assert (mixed["good"].pk, 2) in folded(workspace)
+    entry_changes.entry_set_pinned(workspace=workspace, entry_id=mixed["junk"].pk, pinned=True, now=now)
+    assert mixed["junk"].pk not in {pk for pk, _ in folded(workspace)}
+    entry_changes.entry_set_status(
+        workspace=workspace, entry_id=mixed["flagged"].pk, status="stale", reason="test", now=now
+    )
+    assert mixed["flagged"].pk not in {pk for pk, _ in folded(workspace)}
+    newer = entry_changes.entry_update(workspace=workspace, entry_id=mixed["good"].pk, content=JUNK, now=now)
+    rows = folded(workspace)
+    assert (newer.entry.pk, None) in rows and mixed["good"].pk not in {pk for pk, _ in rows}
+    hygiene.count(workspace)  # assesses the new version
+    assert dict(folded(workspace))[newer.entry.pk] >= 4  # junk, a copy of the pinned junk
+    holds.hold(workspace, [newer.entry.pk], reason=HoldReason.KEEP, actor="op", now=now)
+    assert folded(workspace)  # held_at kept in the row, compared when read
+    assert HygieneRank.objects.get(entry_id=newer.entry.pk).held_at is not None
+
+    # A new entry, raw SQL past every door, a verdict stored, a purge.
+    before = dict(kept(workspace))[mixed["code agent"].pk]
+    new_entries.entry_create(workspace=workspace, content=JUNK + " again", now=now)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE memory_entry SET last_feedback = 'wrong' WHERE id = %s", [mixed["good"].pk])
+        cursor.execute("UPDATE memory_entry SET source = 'import' WHERE id = %s", [mixed["code agent"].pk])
+    rows = folded(workspace)
+    assert (mixed["code agent"].pk, before + 1) in rows  # legacy_import's point
+    HygieneAssessment.objects.filter(entry_id=mixed["junk"].pk).update(points=9)
+    folded(workspace)
+    Entry.objects.filter(pk=second.pk).delete()
+    assert second.pk not in {pk for pk, _ in folded(workspace)}
+
+
+def test_a_change_that_reads_nothing_the_rank_reads_leaves_no_mark(workspace, mixed, now):
+    folded(workspace)
+    entry_signals.entry_record_access(workspace=workspace, entry_id=mixed["junk"].pk, actor="agent", now=now)
+    Entry.objects.filter(workspace=workspace).update(importance=0.5)
+    assert not HygieneRankDirty.objects.filter(workspace_id=workspace.pk).exists()
+
+
+def test_the_page_and_counts_equal_the_queue_computed_from_the_entries(workspace, mixed, now):
+    for i in range(12):
+        make(workspace, now, f"{JUNK} {i}", age_days=30 + i % 4)
+    # Held entries (one past the hold's days), an excluded tag, a kept entry.
+    set_hold = Entry.objects.filter(pk__in=[mixed["junk"].pk, mixed["code import"].pk])
+    set_hold.update(held_at=now)
+    MaintenancePolicy.objects.filter(workspace=workspace).update(operator_hold_days=30)
+    Entry.objects.filter(pk=mixed["code import"].pk).update(held_at=now - timedelta(days=31))
+    tagged = make(workspace, now, JUNK + " tagged", tags=["keep-me"])
+    MaintenancePolicy.objects.filter(workspace=workspace).update(exclude_tags=["keep-me"])
+    hygiene_actions.keep(workspace, [mixed["second copy"].pk], actor="op", now=now)
+    hygiene.count(workspace)
+
+    _, matching, listed = reference_page(workspace, limit=1)
+    assert matching == listed == hygiene.count(workspace) == 15
+    for offset, limit in ((0, 50), (0, 5), (5, 5), (14, 5), (100, 5)):
+        expected_page, _, _ = reference_page(workspace, limit=limit, offset=offset)
+        total, page = hygiene.page(workspace, limit=limit, offset=offset)
+        assert [c.id for c in page] == [pk for pk, _ in expected_page]
+        assert total == 15
+    ids = {c.id for c in hygiene.page(workspace, limit=50)[1]}
+    assert mixed["junk"].pk not in ids and mixed["code import"].pk in ids
+    assert tagged.pk not in ids and mixed["second copy"].pk not in ids
+    assert hygiene.count(workspace, cap=10) == 11
+
+
+def test_new_residue_patterns_rebuild_the_rank_and_the_queue_assesses_again(workspace, mixed):
+    folded(workspace)
+    key = HygieneRankState.objects.get(workspace=workspace).rank_key
+    MaintenancePolicy.objects.filter(workspace=workspace).update(residue_patterns=[r"\bsockets\b"])
+    total, page = hygiene.page(workspace, limit=50)
+    assert HygieneRankState.objects.get(workspace=workspace).rank_key != key
+    # GOOD mentions sockets: residue (2) now lists the good entry and the flagged one's 4.
+    assert (mixed["good"].pk, 2) in folded(workspace)
+    assert (mixed["flagged"].pk, 4) in kept(workspace)
+    assert total == len(page) == len(kept(workspace))
+
+
+def test_many_marks_rebuild_instead_of_folding_one_by_one(workspace, mixed, now):
+    folded(workspace)
+    Entry.objects.filter(workspace=workspace).update(last_feedback="stale")
+    _, patterns = read_policy(workspace)
+    assert hygiene_rank.fold(workspace, patterns, rebuild_over=3) == {"folded": 0, "rebuilt": 7}
+    Entry.objects.filter(workspace=workspace).update(last_feedback="")
+    assert hygiene_rank.fold(workspace, patterns, batch=2)["folded"] >= 10
+    assert kept(workspace) == fresh(workspace)
+
+
+def test_the_rank_of_one_workspace_never_lists_another(workspace, other_workspace, mixed, now):
+    theirs = make(other_workspace, now, JUNK)
+    hygiene.count(other_workspace)
+    assert theirs.pk in {pk for pk, _ in kept(other_workspace)}
+    assert theirs.pk not in {c.id for c in hygiene.page(workspace, limit=50)[1]}
+    assert hygiene.count(workspace) == 5 and hygiene.count(other_workspace) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_fold_claims_nothing(workspace, now, monkeypatch):
+    make(workspace, now, JUNK)
+    hygiene.count(workspace)
+    entry = make(workspace, now, JUNK + " later")
+    marks = HygieneRankDirty.objects.filter(workspace_id=workspace.pk).count()
+    assert marks
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(hygiene_rank, "_insert", broken)
+    _, patterns = read_policy(workspace)
+    with pytest.raises(RuntimeError):
+        hygiene_rank.fold(workspace, patterns)
+    assert HygieneRankDirty.objects.filter(workspace_id=workspace.pk).count() == marks
+    monkeypatch.undo()
+    with transaction.atomic():
+        hygiene_rank.fold(workspace, patterns)
+    assert entry.pk in {pk for pk, _ in kept(workspace)} or (entry.pk, None) in kept(workspace)
+
+
+def test_a_deleted_workspace_leaves_no_rank_rows_marks_or_state(workspace, other_workspace, mixed, now):
+    make(other_workspace, now, JUNK)
+    hygiene.count(other_workspace)
+    make(workspace, now, JUNK + " unfolded")  # a mark not folded yet
+    workspace.delete()
+    assert not HygieneRankDirty.objects.filter(workspace_id=workspace.pk).exists()
+    assert not HygieneRank.objects.filter(workspace_id=workspace.pk).exists()
+    assert not HygieneRankState.objects.filter(workspace_id=workspace.pk).exists()
+    assert HygieneRank.objects.filter(workspace=other_workspace).count() == 1
