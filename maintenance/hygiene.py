@@ -19,7 +19,6 @@ from datetime import datetime
 from typing import IO, Any, NamedTuple
 
 import orjson
-from django.db import connection
 from django.db.models import (
     Case,
     Exists,
@@ -361,15 +360,27 @@ _COLUMN_RULES = {
 }
 
 
-def _with_reason(workspace: Workspace, code: str) -> Q:
-    """The queue's rows that have reason ``code``: a column reason as its condition, a text
-    reason found in the stored verdict's reasons (JSON text; a code is a bare identifier, so
-    ``"code": "<code>"`` appears in the text only as that key and value)."""
-    if code == "exact_duplicate":
-        return _older_copy(workspace)
-    if code in _COLUMN_RULES:
-        return _COLUMN_RULES[code]
-    return Q(stored_text__contains=f'"code": "{code}"')
+def _rank_filter(workspace: Workspace, recommendation: str | None, reason: str | None) -> Q:
+    """The kept rank's rows (``HygieneRank``) matching the filters, as a condition on them: a
+    recommendation from the points and the entry's reads, a column reason as the entry's
+    condition, a text reason found in the stored verdict's reasons (JSON text; a code is a
+    bare identifier, so ``"code": "<code>"`` appears in the text only as that key and value).
+    A row still to assess (NULL points) matches whatever the filters: it makes the counts
+    tell, and is assessed before the page is read again."""
+    entry = Entry.objects.filter(pk=OuterRef("entry_id"))
+    wanted = Q()
+    if recommendation in ("archive", "review"):
+        archive = Q(points__gte=ARCHIVE_SCORE) & Q(Exists(entry.filter(access_count=0)))
+        wanted &= archive if recommendation == "archive" else ~archive
+    if reason == "exact_duplicate":
+        wanted &= Q(Exists(entry.filter(_older_copy(workspace))))
+    elif reason in _COLUMN_RULES:
+        wanted &= Q(Exists(entry.filter(_COLUMN_RULES[reason])))
+    elif reason:
+        text = HygieneAssessment.objects.annotate(stored_text=Cast("reasons", TextField()))
+        code = f'"code": "{reason}"'
+        wanted &= Q(Exists(text.filter(entry_id=OuterRef("entry_id"), stored_text__contains=code)))
+    return wanted | Q(points__isnull=True)
 
 
 def _candidates_of(workspace: Workspace, rows: list[dict[str, Any]]) -> list[Candidate]:
@@ -471,60 +482,6 @@ def count(workspace: Workspace, *, cap: int | None = None) -> int:
     return assessed
 
 
-def _ranked_page(
-    workspace: Workspace,
-    policy: PolicyValues,
-    patterns: Sequence[Pattern],
-    *,
-    start: int,
-    end: int,
-    recommendation: str | None,
-    reason: str | None,
-) -> tuple[list[tuple[int, int | None]], int, int]:
-    """One statement: the eligible entries' points computed once each, in a subquery the
-    planner may not flatten (``OFFSET 0``), then filtered, counted (window) and ranked outside
-    it. Written as one ORM query, the points expression — two subqueries per row — was
-    repeated by the filter (twice: ``>= 2``, ``IS NULL``), the ordering and the select list:
-    2.3 evaluations per eligible entry at 1,000,000 entries. Returns the page's (id, points)
-    in order, the rows matching (entries still to assess included) and how many of them are
-    assessed."""
-    inner = scored_entries(workspace, eligible_entries(workspace, policy), patterns)
-    # Named by annotations: the outer statement reads them by these names.
-    inner = inner.annotate(q_id=F("pk"), q_created=F("created_at"), q_access=F("access_count"))
-    fields = ["q_id", "q_created", "q_access", "hygiene_points"]
-    if reason:
-        if reason not in _COLUMN_RULES and reason != "exact_duplicate":
-            reasons = Subquery(_stored(patterns).values("reasons")[:1], output_field=JSONField())
-            inner = inner.annotate(stored_text=Cast(reasons, TextField()))
-        inner = inner.annotate(
-            reason_hit=Case(When(_with_reason(workspace, reason), then=Value(1)), default=Value(0))
-        )
-        fields.append("reason_hit")
-    sql, params = inner.order_by().values(*fields).query.sql_with_params()
-    wanted = [f"q.hygiene_points >= {CANDIDATE_SCORE}"]
-    if reason:
-        wanted.append("q.reason_hit = 1")
-    archive = f"(q.hygiene_points >= {ARCHIVE_SCORE} AND q.q_access = 0)"
-    if recommendation == "archive":
-        wanted.append(archive)
-    elif recommendation == "review":
-        wanted.append(f"NOT {archive}")
-    # A row to assess (NULL points) stays in whatever the filters: it makes the counts tell.
-    where = f"({' AND '.join(wanted)}) OR q.hygiene_points IS NULL"
-    fence = " LIMIT -1 OFFSET 0" if connection.vendor == "sqlite" else " OFFSET 0"
-    statement = (
-        "SELECT q.q_id, q.hygiene_points, COUNT(*) OVER (), COUNT(q.hygiene_points) OVER ()"
-        f" FROM ({sql}{fence}) q WHERE {where}"
-        " ORDER BY q.hygiene_points DESC NULLS FIRST, q.q_created, q.q_id LIMIT %s OFFSET %s"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [*params, max(end - start, 0), start])
-        found = cursor.fetchall()
-    if not found:
-        return [], 0, 0
-    return [(r[0], r[1]) for r in found], int(found[0][2]), int(found[0][3])
-
-
 def _page_rows(ranked: list[tuple[int, int | None]], patterns: Sequence[Pattern]) -> list[dict[str, Any]]:
     """The rows ``_listed`` reads, for the page's ids in their order, with their stored text
     reasons (two small queries); an entry changed since it was ranked is left out."""
@@ -558,38 +515,25 @@ def page(
     reason: str | None = None,
 ) -> tuple[int, list[Candidate]]:
     """How many candidates match the filters (``recommendation`` archive/review, a
-    ``reason`` code), and the page ``offset``..``offset + limit`` of them, best first: the
-    database filters, counts and ranks them in one statement (``_ranked_page``), and only the
-    page's rows come back. Without filters (the queue as it opens) the page and the counts are
-    read from the kept rank instead (``hygiene_rank``), once it is folded. Entries still to
-    assess are assessed first (then the statement runs again)."""
+    ``reason`` code), and the page ``offset``..``offset + limit`` of them, best first, read
+    from the kept rank (``hygiene_rank``) once it is folded: the database filters its rows,
+    counts and ranks them in one statement, and only the page's rows come back. Entries
+    still to assess are assessed first (then the statement runs again)."""
     start, end = max(offset, 0), max(offset, 0) + max(limit, 0)
     policy, patterns = read_policy(workspace)
-    if recommendation is None and reason is None:  # the whole queue: read from the kept rank
-        now = timezone.now()
-        hygiene_rank.fold(workspace, patterns)
-        read = functools.partial(hygiene_rank.ranked_page, workspace, policy, now)
-        for attempt in range(2):
-            ranked, matching, listed = read(start=start, end=end)
-            if not ranked:  # a page past the last candidate (or an empty one): counts from the first
-                _, matching, listed = read(start=0, end=1)
-            if matching == listed or attempt:
-                break
-            _rank_ready(
-                workspace, patterns, hygiene_rank.queue(workspace, policy, now).filter(points__isnull=True)
-            )
-        return listed, _listed(workspace, _page_rows(ranked, patterns))
-    ask = functools.partial(
-        _ranked_page, workspace, policy, patterns, start=start, recommendation=recommendation, reason=reason
-    )
+    now = timezone.now()
+    hygiene_rank.fold(workspace, patterns)
+    where = _rank_filter(workspace, recommendation, reason) if recommendation or reason else None
+    read = functools.partial(hygiene_rank.ranked_page, workspace, policy, now, where=where)
     for attempt in range(2):
-        ranked, matching, listed = ask(end=end)
+        ranked, matching, listed = read(start=start, end=end)
         if not ranked:  # a page past the last candidate (or an empty one): counts from the first
-            _, matching, listed = ask(start=0, end=1)
+            _, matching, listed = read(start=0, end=1)
         if matching == listed or attempt:
             break
-        # Entries to assess come first (NULL points): count() assesses them, then read again.
-        count(workspace)
+        # Entries to assess come first (NULL points): assessed and folded, then read again.
+        missing = hygiene_rank.queue(workspace, policy, now).filter(points__isnull=True)
+        _rank_ready(workspace, patterns, missing)
     return listed, _listed(workspace, _page_rows(ranked, patterns))
 
 

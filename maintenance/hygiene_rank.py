@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from django.db import connection, transaction
-from django.db.models import Count, Exists, F, OuterRef, QuerySet, Window
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Window
 
 from maintenance.hygiene_text import CANDIDATE_SCORE, POINTS, Pattern, patterns_key
 from maintenance.models import HygieneRank, HygieneRankDirty, HygieneRankState
@@ -88,7 +88,8 @@ def _insert(workspace: Workspace, qs: QuerySet[Entry], patterns: Sequence[Patter
 
 
 def _state(workspace: Workspace) -> HygieneRankState | None:
-    """The workspace's state row, locked (a fold at a time); None when never built."""
+    """The workspace's state row (made with an empty key when missing), locked: one fold of a
+    workspace at a time. None only if the workspace was deleted meanwhile."""
     HygieneRankState.objects.get_or_create(workspace=workspace, defaults={"rank_key": ""})
     return HygieneRankState.objects.select_for_update().filter(workspace=workspace).first()
 
@@ -107,9 +108,15 @@ def rebuild(workspace: Workspace, patterns: Sequence[Pattern]) -> int:
     return written
 
 
-def _fold_batch(workspace: Workspace, patterns: Sequence[Pattern], batch: int) -> int | None:
+class _Rebuild(Exception):
+    """A batch would recompute more entries than a rebuild is worth."""
+
+
+def _fold_batch(workspace: Workspace, patterns: Sequence[Pattern], batch: int, most: int) -> int | None:
     """Claim up to ``batch`` marks and recompute their entries' rows and their copies' (one
-    transaction). Returns the marks claimed; None when the rank must be rebuilt instead."""
+    transaction). Returns the marks claimed; None when the rank must be rebuilt instead (a
+    different key), and raises ``_Rebuild``, claiming nothing, when that would be more than
+    ``most`` entries."""
     with transaction.atomic():
         state = _state(workspace)
         if state is None or state.rank_key != rank_key(patterns):
@@ -133,6 +140,8 @@ def _fold_batch(workspace: Workspace, patterns: Sequence[Pattern], batch: int) -
                     workspace=workspace, is_latest=True, content_hash__in=hashes
                 ).values_list("pk", flat=True)
             )
+        if len(ids) > most:  # a content copied thousands of times: the claim rolls back
+            raise _Rebuild
         HygieneRank.objects.filter(entry_id__in=ids).delete()
         _insert(workspace, rankable(workspace).filter(pk__in=ids), patterns)
         return len(claimed)
@@ -161,10 +170,13 @@ def fold(
         pending = capped_count(marks, cap=rebuild_over)
         if pending <= rebuild_over:
             folded = 0
-            while (n := _fold_batch(workspace, patterns, batch)) is not None:
-                folded += n
-                if n < batch:
-                    return {"folded": folded, "rebuilt": 0}
+            try:
+                while (n := _fold_batch(workspace, patterns, batch, rebuild_over)) is not None:
+                    folded += n
+                    if n < batch:
+                        return {"folded": folded, "rebuilt": 0}
+            except _Rebuild:
+                pass
     return {"folded": 0, "rebuilt": rebuild(workspace, patterns)}
 
 
@@ -182,20 +194,28 @@ def queue(workspace: Workspace, policy: PolicyValues, now: datetime) -> QuerySet
 
 
 def ranked_page(
-    workspace: Workspace, policy: PolicyValues, now: datetime, *, start: int, end: int
+    workspace: Workspace,
+    policy: PolicyValues,
+    now: datetime,
+    *,
+    start: int,
+    end: int,
+    where: Q | None = None,
 ) -> tuple[list[tuple[int, int | None]], int, int]:
-    """The page ``start``..``end`` of the queue, best first (entries still to assess first),
-    with the rows matching and how many of them are assessed (one statement) — the contract
-    of ``hygiene._ranked_page`` without filters."""
-    rows = list(
-        queue(workspace, policy, now)
-        .annotate(matching=Window(Count("*")), listed=Window(Count("points")))
+    """The page ``start``..``end`` of the queue's rows (those matching ``where`` when given),
+    best first (entries still to assess first), with the rows matching and how many of them
+    are assessed (one statement)."""
+    rows = queue(workspace, policy, now)
+    if where is not None:
+        rows = rows.filter(where)
+    found = list(
+        rows.annotate(matching=Window(Count("*")), listed=Window(Count("points")))
         .order_by(F("points").desc(nulls_first=True), "created_at", "entry_id")
         .values_list("entry_id", "points", "matching", "listed")[start:end]
     )
-    if not rows:
+    if not found:
         return [], 0, 0
-    return [(r[0], r[1]) for r in rows], int(rows[0][2]), int(rows[0][3])
+    return [(r[0], r[1]) for r in found], int(found[0][2]), int(found[0][3])
 
 
 def to_assess(workspace: Workspace, policy: PolicyValues, now: datetime) -> list[int]:

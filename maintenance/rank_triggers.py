@@ -6,6 +6,11 @@ reads (``maintenance.hygiene_rank``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
 DIRTY = "maintenance_hygienerankdirty"
 # The entry's columns the rank reads; a change of any of them marks the entry.
 RANK_COLUMNS = (
@@ -105,17 +110,18 @@ def _sqlite_changed(columns: tuple[str, ...]) -> str:
 
 
 SQLITE_INSTALL = [
-    f"""CREATE TRIGGER hygiene_rank_entry_insert AFTER INSERT ON memory_entry WHEN NEW.is_latest
+    f"""CREATE TRIGGER IF NOT EXISTS hygiene_rank_entry_insert AFTER INSERT ON memory_entry WHEN NEW.is_latest
 BEGIN
   INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
   VALUES (NEW.workspace_id, NEW.id, NEW.content_hash);
 END""",
-    f"""CREATE TRIGGER hygiene_rank_entry_delete AFTER DELETE ON memory_entry WHEN OLD.is_latest
+    f"""CREATE TRIGGER IF NOT EXISTS hygiene_rank_entry_delete AFTER DELETE ON memory_entry WHEN OLD.is_latest
 BEGIN
   INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
   VALUES (OLD.workspace_id, OLD.id, OLD.content_hash);
 END""",
-    f"""CREATE TRIGGER hygiene_rank_entry_update AFTER UPDATE OF {", ".join(RANK_COLUMNS)} ON memory_entry
+    f"""CREATE TRIGGER IF NOT EXISTS hygiene_rank_entry_update
+AFTER UPDATE OF {", ".join(RANK_COLUMNS)} ON memory_entry
 WHEN (NEW.is_latest OR OLD.is_latest) AND ({_sqlite_changed(RANK_COLUMNS)})
 BEGIN
   INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
@@ -126,7 +132,8 @@ BEGIN
     AND (NEW.content_hash IS NOT OLD.content_hash OR NEW.workspace_id IS NOT OLD.workspace_id);
 END""",
     *(
-        f"""CREATE TRIGGER hygiene_rank_assessment_{op.lower()} AFTER {op} ON maintenance_hygieneassessment
+        f"""CREATE TRIGGER IF NOT EXISTS hygiene_rank_assessment_{op.lower()}
+AFTER {op} ON maintenance_hygieneassessment
 BEGIN
   INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
   SELECT e.workspace_id, e.id, NULL FROM memory_entry e WHERE e.id = {row}.entry_id;
@@ -135,8 +142,8 @@ END"""
     ),
 ]
 
-SQLITE_REMOVE = [
-    f"DROP TRIGGER IF EXISTS hygiene_rank_{t}"
+SQLITE_NAMES = tuple(
+    f"hygiene_rank_{t}"
     for t in (
         "entry_insert",
         "entry_update",
@@ -145,7 +152,8 @@ SQLITE_REMOVE = [
         "assessment_update",
         "assessment_delete",
     )
-]
+)
+SQLITE_REMOVE = [f"DROP TRIGGER IF EXISTS {name}" for name in SQLITE_NAMES]
 
 
 def _run(schema_editor, statements: dict[str, list[str]]) -> None:  # type: ignore[no-untyped-def]
@@ -159,3 +167,33 @@ def install(apps, schema_editor) -> None:  # type: ignore[no-untyped-def]
 
 def remove(apps, schema_editor) -> None:  # type: ignore[no-untyped-def]
     _run(schema_editor, {"postgresql": POSTGRESQL_REMOVE, "sqlite": SQLITE_REMOVE})
+
+
+def ensure_sqlite(conn: BaseDatabaseWrapper | None = None) -> bool:
+    """Re-create the SQLite triggers a table rebuild dropped; True if it had to. Django's SQLite
+    schema editor rebuilds a table for many ALTERs (copy, drop, rename), and dropping
+    ``memory_entry`` or ``maintenance_hygieneassessment`` drops their triggers with it: the rank
+    would silently stop hearing of changes. The writes made meanwhile were not marked, so every
+    workspace's rank is rebuilt at its next fold (its state is forgotten). Meant for
+    ``post_migrate``; a no-op on PostgreSQL (ALTER TABLE keeps triggers) and before migration
+    maintenance 0010."""
+    from django.db.migrations.recorder import MigrationRecorder
+
+    conn = conn or connection
+    if conn.vendor != "sqlite":
+        return False
+    if not MigrationRecorder(conn).migration_qs.filter(app="maintenance", name="0010_hygiene_rank").exists():
+        return False
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'hygiene_rank_%'")
+        if set(SQLITE_NAMES) <= {name for (name,) in cursor.fetchall()}:
+            return False
+        for sql in SQLITE_INSTALL:
+            cursor.execute(sql)
+        cursor.execute("DELETE FROM maintenance_hygienerankstate")
+    return True
+
+
+def ensure_after_migrate(sender: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
+    """After ``migrate`` (connected by ``MaintenanceConfig.ready``)."""
+    ensure_sqlite(connections[using])

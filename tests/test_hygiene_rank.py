@@ -1,14 +1,14 @@
 """The kept hygiene rank (``maintenance.hygiene_rank``): marked by the database's triggers
 whatever changes an entry, folded into rows equal to a fresh computation, read with the holds
-and excluded tags of now, rebuilt when the residue patterns change; and the queue it serves
-equals the one computed from the entries (the filtered statement ``hygiene._ranked_page``)."""
+and excluded tags of now, rebuilt when the residue patterns change; and the queue it serves,
+filtered or not, equals the candidates scored in Python from the entries."""
 
 from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
 
-from maintenance import hygiene, hygiene_actions, hygiene_rank
+from maintenance import hygiene, hygiene_actions, hygiene_rank, rank_triggers
 from maintenance.hygiene import read_policy
 from maintenance.models import HygieneAssessment, HygieneRank, HygieneRankDirty, HygieneRankState
 from maintenance.tasks import assess_hygiene_verdicts
@@ -42,12 +42,15 @@ def folded(workspace):
     return kept(workspace)
 
 
-def reference_page(workspace, limit=50, offset=0):
-    """The queue's page computed from the entries, as the filtered pages are."""
-    policy, patterns = read_policy(workspace)
-    return hygiene._ranked_page(
-        workspace, policy, patterns, start=offset, end=offset + limit, recommendation=None, reason=None
-    )
+def reference(workspace, recommendation=None, reason=None):
+    """The queue's candidates scored in Python from the entries (``hygiene.candidates``, what
+    hygiene's apply reads), best first, filtered as the page filters."""
+    return [
+        c.id
+        for c in hygiene.candidates(workspace)
+        if recommendation in (None, c.recommendation)
+        and (reason is None or reason in {r.code for r in c.reasons})
+    ]
 
 
 @pytest.fixture
@@ -136,7 +139,7 @@ def test_a_change_that_reads_nothing_the_rank_reads_leaves_no_mark(workspace, mi
 
 def test_the_page_and_counts_equal_the_queue_computed_from_the_entries(workspace, mixed, now):
     for i in range(12):
-        make(workspace, now, f"{JUNK} {i}", age_days=30 + i % 4)
+        make(workspace, now, f"{i} {JUNK}", age_days=30 + i % 4, access_count=3 if i < 2 else 0)
     # Held entries (one past the hold's days), an excluded tag, a kept entry.
     set_hold = Entry.objects.filter(pk__in=[mixed["junk"].pk, mixed["code import"].pk])
     set_hold.update(held_at=now)
@@ -147,13 +150,21 @@ def test_the_page_and_counts_equal_the_queue_computed_from_the_entries(workspace
     hygiene_actions.keep(workspace, [mixed["second copy"].pk], actor="op", now=now)
     hygiene.count(workspace)
 
-    _, matching, listed = reference_page(workspace, limit=1)
-    assert matching == listed == hygiene.count(workspace) == 15
+    expected = reference(workspace)
+    assert len(expected) == hygiene.count(workspace) == 15
     for offset, limit in ((0, 50), (0, 5), (5, 5), (14, 5), (100, 5)):
-        expected_page, _, _ = reference_page(workspace, limit=limit, offset=offset)
         total, page = hygiene.page(workspace, limit=limit, offset=offset)
-        assert [c.id for c in page] == [pk for pk, _ in expected_page]
+        assert [c.id for c in page] == expected[offset : offset + limit]
         assert total == 15
+    # Every filter of the console and the command, against the same candidates filtered in Python.
+    codes = {r.code for c in hygiene.candidates(workspace) for r in c.reasons}
+    assert {"exact_duplicate", "flagged_by_feedback", "legacy_import", "incomplete_fragment"} <= codes
+    assert {c.recommendation for c in hygiene.candidates(workspace) if c.score >= 4} == {"archive", "review"}
+    for recommendation in (None, "archive", "review"):
+        for reason in (None, *sorted(codes)):
+            wanted = reference(workspace, recommendation, reason)
+            total, page = hygiene.page(workspace, limit=4, recommendation=recommendation, reason=reason)
+            assert (total, [c.id for c in page]) == (len(wanted), wanted[:4]), (recommendation, reason)
     ids = {c.id for c in hygiene.page(workspace, limit=50)[1]}
     assert mixed["junk"].pk not in ids and mixed["code import"].pk in ids
     assert tagged.pk not in ids and mixed["second copy"].pk not in ids
@@ -221,3 +232,31 @@ def test_a_deleted_workspace_leaves_no_rank_rows_marks_or_state(workspace, other
     assert not HygieneRank.objects.filter(workspace_id=workspace.pk).exists()
     assert not HygieneRankState.objects.filter(workspace_id=workspace.pk).exists()
     assert HygieneRank.objects.filter(workspace=other_workspace).count() == 1
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite drops triggers with a rebuilt table")
+def test_triggers_a_table_rebuild_dropped_come_back_and_the_rank_is_rebuilt(workspace, mixed, now):
+    folded(workspace)
+    assert rank_triggers.ensure_sqlite() is False
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER hygiene_rank_entry_update")  # as a rebuild of memory_entry would
+    Entry.objects.filter(pk=mixed["good"].pk).update(last_feedback="wrong")  # not marked
+    assert not HygieneRankDirty.objects.filter(workspace_id=workspace.pk).exists()
+
+    assert rank_triggers.ensure_sqlite() is True
+    assert rank_triggers.ensure_sqlite() is False
+    assert (mixed["good"].pk, 2) in folded(workspace)  # rebuilt: the missed change is in
+    Entry.objects.filter(pk=mixed["good"].pk).update(last_feedback="")
+    assert HygieneRankDirty.objects.filter(workspace_id=workspace.pk).exists()  # marked again
+
+
+def test_a_mark_on_a_content_copied_many_times_rebuilds_instead(workspace, mixed, now):
+    copies = [make(workspace, now, GOOD + " Everywhere.", age_days=20 - i) for i in range(6)]
+    folded(workspace)
+    entry_changes.entry_tombstone(workspace=workspace, entry_id=copies[0].pk, now=now)
+    marks = HygieneRankDirty.objects.filter(workspace_id=workspace.pk).count()
+    _, patterns = read_policy(workspace)
+    # One mark, but its content names six latest entries: more than 4 rebuilds the rank.
+    assert hygiene_rank.fold(workspace, patterns, rebuild_over=4)["rebuilt"] == len(fresh(workspace))
+    assert marks and not HygieneRankDirty.objects.filter(workspace_id=workspace.pk).exists()
+    assert kept(workspace) == fresh(workspace)
