@@ -36,11 +36,11 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Window
 
-from maintenance.hygiene_text import CANDIDATE_SCORE, POINTS, Pattern, patterns_key
+from maintenance.hygiene_text import CANDIDATE_SCORE, FEEDBACK_FLAGS, POINTS, Pattern, patterns_key
 from maintenance.models import HygieneRank, HygieneRankDirty, HygieneRankState
 from memory.capped import capped_count, capped_counts
 from memory.models import Entry, Workspace
-from memory.models.choices import Status
+from memory.models.choices import LIVE_STATUSES, MANAGED_SOURCES, Status
 from memory.models.entries import held, protected
 from memory.policy import PolicyValues
 
@@ -49,9 +49,11 @@ REBUILD_OVER = 20_000  # more marks than this: the workspace's rows are rebuilt 
 
 
 def rank_key(patterns: Sequence[Pattern]) -> str:
-    """What the rows were computed with: the patterns and detectors (``patterns_key``) and
-    the points of every reason and the listing threshold."""
-    raw = json.dumps([patterns_key(patterns), POINTS, CANDIDATE_SCORE], sort_keys=True)
+    """What the rows were computed with: the patterns and detectors (``patterns_key``), the
+    points of every reason, the listing threshold, and the rules read off the columns (the
+    flagging feedback, the managed sources, the live statuses an older copy needs)."""
+    rules = [POINTS, CANDIDATE_SCORE, FEEDBACK_FLAGS, MANAGED_SOURCES, LIVE_STATUSES]
+    raw = json.dumps([patterns_key(patterns), *rules], sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
@@ -94,16 +96,29 @@ def _state(workspace: Workspace) -> HygieneRankState | None:
     return HygieneRankState.objects.select_for_update().filter(workspace=workspace).first()
 
 
-def rebuild(workspace: Workspace, patterns: Sequence[Pattern]) -> int:
+def rebuild(
+    workspace: Workspace, patterns: Sequence[Pattern], *, unless_within: int | None = None
+) -> int | None:
     """Recompute every rank row of the workspace (one transaction: the marks claimed, the
-    rows replaced in one statement); returns the rows written."""
+    rows replaced in one statement); returns the rows written. With ``unless_within``, None
+    instead when, once the lock is held, the rank has the current key and at most that many
+    marks: another fold rebuilt it meanwhile."""
+    key = rank_key(patterns)
     with transaction.atomic():
         state = _state(workspace)
-        HygieneRankDirty.objects.filter(workspace_id=workspace.pk).delete()
+        marks = HygieneRankDirty.objects.filter(workspace_id=workspace.pk)
+        if (
+            unless_within is not None
+            and state is not None
+            and state.rank_key == key
+            and capped_count(marks, cap=unless_within) <= unless_within
+        ):
+            return None
+        marks.delete()
         HygieneRank.objects.filter(workspace=workspace).delete()
         written = _insert(workspace, rankable(workspace), patterns)
         if state is not None:
-            state.rank_key = rank_key(patterns)
+            state.rank_key = key
             state.save(update_fields=["rank_key"])
     return written
 
@@ -157,27 +172,33 @@ def fold(
     """Bring the workspace's rank up to date: fold its marks, or rebuild it (never built, a
     different key, more than ``rebuild_over`` marks). Nothing to do costs one query.
     Returns what was done: ``folded`` marks, ``rebuilt`` rows."""
+    key = rank_key(patterns)
     marks = HygieneRankDirty.objects.filter(workspace_id=workspace.pk)
-    state = (
-        HygieneRankState.objects.filter(workspace=workspace)
-        .annotate(marked=Exists(marks))
-        .values_list("rank_key", "marked")
-        .first()
-    )
-    if state is not None and state[0] == rank_key(patterns):
-        if not state[1]:
-            return {"folded": 0, "rebuilt": 0}
-        pending = capped_count(marks, cap=rebuild_over)
-        if pending <= rebuild_over:
-            folded = 0
-            try:
-                while (n := _fold_batch(workspace, patterns, batch, rebuild_over)) is not None:
-                    folded += n
-                    if n < batch:
-                        return {"folded": folded, "rebuilt": 0}
-            except _Rebuild:
-                pass
-    return {"folded": 0, "rebuilt": rebuild(workspace, patterns)}
+    folded = 0
+    for attempt in range(3):
+        state = (
+            HygieneRankState.objects.filter(workspace=workspace)
+            .annotate(marked=Exists(marks))
+            .values_list("rank_key", "marked")
+            .first()
+        )
+        if state is not None and state[0] == key:
+            if not state[1]:
+                return {"folded": folded, "rebuilt": 0}
+            if capped_count(marks, cap=rebuild_over) <= rebuild_over:
+                try:
+                    while (n := _fold_batch(workspace, patterns, batch, rebuild_over)) is not None:
+                        folded += n
+                        if n < batch:
+                            return {"folded": folded, "rebuilt": 0}
+                except _Rebuild:
+                    return {"folded": folded, "rebuilt": rebuild(workspace, patterns) or 0}
+        # Decided without the lock: a fold that held it may have rebuilt the rank meanwhile
+        # (readers waiting while the worker rebuilds after new patterns). Then fold instead.
+        rebuilt = rebuild(workspace, patterns, unless_within=None if attempt == 2 else rebuild_over)
+        if rebuilt is not None:
+            return {"folded": folded, "rebuilt": rebuilt}
+    return {"folded": folded, "rebuilt": 0}  # not reached: the last attempt always rebuilds
 
 
 def queue(workspace: Workspace, policy: PolicyValues, now: datetime) -> QuerySet[HygieneRank]:

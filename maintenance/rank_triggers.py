@@ -194,6 +194,22 @@ def ensure_sqlite(conn: BaseDatabaseWrapper | None = None) -> bool:
     return True
 
 
+def drop_before_migrate(sender: Any, using: str = DEFAULT_DB_ALIAS, plan: Any = None, **kwargs: Any) -> None:
+    """Before ``migrate`` applies anything on SQLite (connected by ``MaintenanceConfig.ready``):
+    drop the rank's triggers. Django rebuilds a table by creating a copy, dropping the table and
+    renaming the copy, and SQLite checks every trigger of the schema at that rename: the
+    assessment triggers name ``memory_entry`` and every trigger names the marks table, so a
+    migration rebuilding either would fail. ``ensure_after_migrate`` re-creates them (and
+    the ranks are rebuilt: the migrations' own writes were not marked). Nothing to apply:
+    nothing is dropped."""
+    conn = connections[using]
+    if conn.vendor != "sqlite" or not plan:
+        return
+    with conn.cursor() as cursor:
+        for sql in SQLITE_REMOVE:
+            cursor.execute(sql)
+
+
 def ensure_after_migrate(sender: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
     """After ``migrate`` (connected by ``MaintenanceConfig.ready``)."""
     ensure_sqlite(connections[using])

@@ -19,7 +19,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.dispatch import Signal
 from django_q.models import Schedule
 
-from maintenance.models import HygieneRankDirty, MaintenanceRun
+from maintenance.models import HygieneRankDirty, HygieneRankState, MaintenanceRun
 from maintenance.schedules import sync_schedules
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,13 @@ def sync_schedules_after_migrate(
         for action in ("created", "updated", "removed"):
             for name in result[action]:
                 out.write(f"  Schedule {name}: {action}\n")
+
+
+def lock_rank_state(sender: Any, instance: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
+    """Before a workspace's rows are deleted (inside the deletion's transaction), take its
+    hygiene rank's state row: a fold takes it before the rank rows, and a deletion taking the
+    rank rows first, then the state row, could deadlock with one."""
+    HygieneRankState.objects.using(using).select_for_update().filter(workspace_id=instance.pk).first()
 
 
 def forget_rank_marks(sender: Any, instance: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:

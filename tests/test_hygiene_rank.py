@@ -260,3 +260,45 @@ def test_a_mark_on_a_content_copied_many_times_rebuilds_instead(workspace, mixed
     assert hygiene_rank.fold(workspace, patterns, rebuild_over=4)["rebuilt"] == len(fresh(workspace))
     assert marks and not HygieneRankDirty.objects.filter(workspace_id=workspace.pk).exists()
     assert kept(workspace) == fresh(workspace)
+
+
+def test_a_rebuild_decided_before_the_lock_yields_to_one_made_meanwhile(workspace, mixed, now):
+    folded(workspace)
+    _, patterns = read_policy(workspace)
+    # The rank is current (another fold rebuilt it while this one waited): fold instead.
+    assert hygiene_rank.rebuild(workspace, patterns, unless_within=10) is None
+    make(workspace, now, JUNK + " meanwhile")
+    assert hygiene_rank.rebuild(workspace, patterns, unless_within=10) is None
+    assert hygiene_rank.fold(workspace, patterns)["folded"] >= 1
+    # A different key (new patterns) rebuilds.
+    MaintenancePolicy.objects.filter(workspace=workspace).update(residue_patterns=[r"\bpool\b"])
+    _, patterns = read_policy(workspace)
+    assert hygiene_rank.rebuild(workspace, patterns, unless_within=10) == len(fresh(workspace))
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite rebuilds a table to alter it")
+@pytest.mark.django_db(transaction=True)
+def test_a_migration_that_rebuilds_the_entry_table_runs_and_the_triggers_come_back(workspace, now):
+    from django.db import models
+
+    from memory.search_index import ensure_sqlite_index
+
+    entry = make(workspace, now, JUNK)
+    hygiene.count(workspace)
+    title = Entry._meta.get_field("title")
+    longer = models.CharField(max_length=title.max_length + 1, blank=True)
+    longer.set_attributes_from_name("title")
+    # What ``migrate`` does around its migrations when it has some to apply. Without the drop,
+    # renaming the rebuilt table fails: the assessment triggers read memory_entry.
+    rank_triggers.drop_before_migrate(sender=None, plan=[("a migration", False)])
+    with connection.schema_editor() as editor:
+        editor.alter_field(Entry, title, longer)
+        editor.alter_field(Entry, longer, title)
+    rank_triggers.ensure_after_migrate(sender=None)
+    ensure_sqlite_index()
+
+    assert rank_triggers.ensure_sqlite() is False  # all back
+    assert not HygieneRankState.objects.exists()  # every rank rebuilt at its next fold
+    Entry.objects.filter(pk=entry.pk).update(last_feedback="wrong")
+    assert HygieneRankDirty.objects.filter(entry_id=entry.pk).exists()
+    assert folded(workspace) == {(entry.pk, 6)}
