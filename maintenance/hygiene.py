@@ -51,7 +51,7 @@ from maintenance.hygiene_text import (
     score,
     text_reasons,
 )
-from maintenance.models import HygieneAssessment, HygieneRank
+from maintenance.models import HygieneAssessment
 from maintenance.plan_status import status_in
 from memory.models import Entry, Workspace
 from memory.models.choices import EXCERPT_CHARS, LIVE_STATUSES, Source, Status
@@ -400,9 +400,8 @@ def _candidates_of(workspace: Workspace, rows: list[dict[str, Any]]) -> list[Can
 
 
 class _Queue(NamedTuple):
-    assessed: QuerySet[Entry]  # the candidates already assessed, unordered
-    ranked: QuerySet[Entry]  # the candidates, best first, after the entries still to assess
-    rows: QuerySet[Entry]  # the same with their stored text reasons (``stored_reasons``)
+    rows: QuerySet[Entry]  # the candidates, best first, after the entries still to assess,
+    # with their stored text reasons (``stored_reasons``)
     assess: Callable[[], object]  # assesses those (their points are NULL until then)
 
 
@@ -419,12 +418,7 @@ def _queue(workspace: Workspace) -> _Queue:
     )
     reasons = Subquery(_stored(patterns).values("reasons")[:1], output_field=JSONField())
     return _Queue(
-        # The score once per row (NULL fails the comparison): ``ranked`` restricted to the
-        # assessed rows repeats the expression three times in the statement.
-        scored.filter(Q(hygiene_points__gte=CANDIDATE_SCORE)).order_by(),
-        ranked,
-        ranked.annotate(stored_reasons=reasons),
-        lambda: _assess_missing(workspace, eligible, patterns),
+        ranked.annotate(stored_reasons=reasons), lambda: _assess_missing(workspace, eligible, patterns)
     )
 
 
@@ -457,10 +451,13 @@ def candidates(workspace: Workspace) -> list[Candidate]:
     return _listed(workspace, [r for r in itertools.chain(ahead, rows) if r["hygiene_points"] is not None])
 
 
-def _rank_ready(workspace: Workspace, patterns: Sequence[Pattern], missing: QuerySet[HygieneRank]) -> None:
-    """Assess the queue's entries that have no valid stored verdict yet (``missing``: their rank
-    rows) and fold those verdicts into the kept rank."""
-    _assess_missing(workspace, Entry.objects.filter(pk__in=missing.values("entry_id")), patterns)
+def _rank_ready(
+    workspace: Workspace, policy: PolicyValues, patterns: Sequence[Pattern], now: datetime
+) -> None:
+    """Assess the queue's entries that have no valid stored verdict yet (``to_assess``: their
+    rank rows) and fold those verdicts into the kept rank."""
+    missing = hygiene_rank.to_assess(workspace, policy, now).values("entry_id")
+    _assess_missing(workspace, Entry.objects.filter(pk__in=missing), patterns)
     hygiene_rank.fold(workspace, patterns)
 
 
@@ -476,9 +473,7 @@ def count(workspace: Workspace, *, cap: int | None = None) -> int:
         assessed, missing = hygiene_rank.counted(workspace, policy, now, cap=cap)
         if (cap is not None and assessed > cap) or not missing or attempt:
             return assessed
-        _rank_ready(
-            workspace, patterns, hygiene_rank.queue(workspace, policy, now).filter(points__isnull=True)
-        )
+        _rank_ready(workspace, policy, patterns, now)
     return assessed
 
 
@@ -532,8 +527,7 @@ def page(
         if matching == listed or attempt:
             break
         # Entries to assess come first (NULL points): assessed and folded, then read again.
-        missing = hygiene_rank.queue(workspace, policy, now).filter(points__isnull=True)
-        _rank_ready(workspace, patterns, missing)
+        _rank_ready(workspace, policy, patterns, now)
     return listed, _listed(workspace, _page_rows(ranked, patterns))
 
 

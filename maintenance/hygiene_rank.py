@@ -239,9 +239,9 @@ def ranked_page(
     return [(r[0], r[1]) for r in found], int(found[0][2]), int(found[0][3])
 
 
-def to_assess(workspace: Workspace, policy: PolicyValues, now: datetime) -> list[int]:
-    """The ids of the queue's entries without a valid stored verdict (points NULL)."""
-    return list(queue(workspace, policy, now).filter(points__isnull=True).values_list("entry_id", flat=True))
+def to_assess(workspace: Workspace, policy: PolicyValues, now: datetime) -> QuerySet[HygieneRank]:
+    """The queue's rows whose entry has no valid stored verdict yet (points NULL)."""
+    return queue(workspace, policy, now).filter(points__isnull=True)
 
 
 def counted(
@@ -258,14 +258,3 @@ def counted(
         return got["assessed"], got["missing"]
     got = rows.aggregate(rows=Count("pk"), assessed=Count("points"))
     return got["assessed"], got["rows"] - got["assessed"]
-
-
-def parity_rows(workspace: Workspace, patterns: Sequence[Pattern]) -> set[tuple[int, int | None]]:
-    """(entry id, points) of every row the rank should hold now, computed afresh: what the
-    tests compare the kept rows with."""
-    from maintenance.hygiene import scored_entries
-
-    scored = scored_entries(workspace, rankable(workspace), patterns)
-    fields = ("pk", "hygiene_points")  # an annotation: named through a tuple for the type checker
-    rows = ((r["pk"], r["hygiene_points"]) for r in scored.values(*fields))
-    return {(pk, points) for pk, points in rows if points is None or points >= CANDIDATE_SCORE}

@@ -196,7 +196,7 @@ def assess_hygiene_verdicts(budget_seconds: float | None = None) -> dict[str, An
     """The missing hygiene verdicts of every workspace (``hygiene.assess_in_background``), one
     workspace after the other until the budget is spent (at least one batch is assessed), each
     workspace's kept rank folded once its verdicts are made (``hygiene.fold_rank``); the next
-    call goes on where work is left — a workspace with nothing left costs two queries."""
+    call goes on where work is left — a workspace with nothing left costs a few queries."""
     deadline = time.monotonic() + (HYGIENE_BUDGET_SECONDS if budget_seconds is None else budget_seconds)
 
     def spent() -> bool:

@@ -10,6 +10,7 @@ from django.db import connection, transaction
 
 from maintenance import hygiene, hygiene_actions, hygiene_rank, rank_triggers
 from maintenance.hygiene import read_policy
+from maintenance.hygiene_text import CANDIDATE_SCORE
 from maintenance.models import HygieneAssessment, HygieneRank, HygieneRankDirty, HygieneRankState
 from maintenance.tasks import assess_hygiene_verdicts
 from memory import entry_changes, entry_signals, holds, new_entries
@@ -29,8 +30,12 @@ def kept(workspace):
 
 
 def fresh(workspace):
+    """(entry id, points) of every row the rank should hold now, computed afresh from the
+    entries with the queue's own expression: listed (≥ CANDIDATE_SCORE) or still to assess."""
     _, patterns = read_policy(workspace)
-    return hygiene_rank.parity_rows(workspace, patterns)
+    scored = hygiene.scored_entries(workspace, hygiene_rank.rankable(workspace), patterns)
+    rows = ((r["pk"], r["hygiene_points"]) for r in scored.values("pk", "hygiene_points"))
+    return {(pk, points) for pk, points in rows if points is None or points >= CANDIDATE_SCORE}
 
 
 def folded(workspace):
