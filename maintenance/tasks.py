@@ -331,6 +331,15 @@ def _runs_created_here() -> Iterator[list[int]]:
         post_save.disconnect(remember, sender=MaintenanceRun)
 
 
+def _let_go(stop: BaseException) -> None:
+    """Release what the abandoned run's frames still hold — a half-read chunked cursor (a
+    backup's or compaction's ``iterator()``), above all — now, while the connection is open.
+    The exception keeps those frames alive (the worker's ``SystemExit`` names it as its
+    context) until the process exits, after the worker has closed its connections: the
+    cursor's cleanup then failed on a closed database and printed a traceback to the log."""
+    traceback.clear_frames(stop.__traceback__)
+
+
 def _record_failure(workspace: Workspace, kind: str, created: list[int], error: str) -> None:
     """Make sure the console shows the failure: the run's own row marked failed if it is still
     running (the failure hit while it was being finished), or a failed row of its own if the
@@ -382,6 +391,7 @@ def run_scheduled(workspace_id: int, kind: str) -> dict[str, Any] | None:
             return result
         except WorkerStopping as stop:
             log.info("%s run of workspace %s abandoned: %s", kind, workspace.slug, stop)
+            _let_go(stop)
             _record_failure(workspace, kind, created, str(stop))
             # Then the worker goes: django-q2 also sends SIGTERM to a worker whose task ran
             # past Q_TIMEOUT, and has replaced it already; one that went on would take tasks
@@ -457,6 +467,7 @@ def run_queued(run_id: int) -> dict[str, Any] | None:
             return start_queued(run)
         except WorkerStopping as stop:
             log.info("queued run %s abandoned: %s", run_id, stop)
+            _let_go(stop)
             _record_failure(run.workspace, run.kind, [run.pk], str(stop))
             raise SystemExit(0) from None
         except Exception as exc:

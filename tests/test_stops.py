@@ -205,3 +205,30 @@ def test_a_stop_that_lands_mid_query_leaves_the_connection_usable():
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         assert cursor.fetchone() == (1,)
+
+
+@pytest.mark.django_db
+def test_an_abandoned_run_lets_go_of_its_half_read_cursor_before_the_worker_exits(workspace, monkeypatch):
+    """What a run's frames hold when the stop lands (a chunked read in its middle) is released
+    while the connection is open: kept alive by the exception until the worker's exit, after
+    its connections were closed, the cursor's cleanup printed a traceback to the log."""
+    import weakref
+
+    from maintenance import tasks
+    from memory import new_entries
+
+    for i in range(3):
+        new_entries.entry_create(workspace=workspace, content=f"note {i} about the pool sockets")
+    held = []
+
+    def stopped_mid_read(**kwargs):
+        rows = workspace.entries.all().iterator(chunk_size=1)
+        next(rows)
+        held.append(weakref.ref(rows))
+        raise tasks.WorkerStopping("the worker was stopped (SIGTERM)")
+
+    monkeypatch.setattr(tasks, "run_maintenance", stopped_mid_read)
+    with pytest.raises(SystemExit) as exited:
+        tasks.run_scheduled(workspace.pk, "full")
+    assert exited.value.__context__ is not None  # the stop, with its traceback, is still alive
+    assert held[0]() is None  # but the half-read cursor is gone
