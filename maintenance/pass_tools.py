@@ -230,7 +230,7 @@ def transition(
     # no gain in the pass itself (bench/reports/maintenance.md, "status changes spread over
     # the table").
     spread = spread and tombstone_reason is None
-    for rows in locked_batches(ctx, candidates, detail_fields, ids=ids, spread=spread):
+    for rows in locked_batches(ctx, candidates, (*detail_fields, "status"), ids=ids, spread=spread):
         if detail_fields:
             result.rows.extend(_detail_rows(rows, detail_fields))
         if destructive and not result.ids:
@@ -247,6 +247,7 @@ def transition(
             if tombstone_reason
             else None,
             details_of={i: details_of[i] for i in batch if i in details_of} if details_of else None,
+            tombstoned=[r["pk"] for r in rows if r["status"] == Status.TOMBSTONED],
         )
         result.ids += batch
     # In id order whatever the batches' (``lifecycle.batches``): as the plan reports them.

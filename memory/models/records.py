@@ -96,9 +96,12 @@ class CodeAnchor(models.Model):
 
 
 class Tombstone(models.Model):
-    """A soft deletion. It outlives a purged entry as a content-free record."""
+    """A soft deletion. It outlives a purged entry as a content-free record. Its workspace and
+    run are not re-checked by the database per row, as ``LifecycleEvent``'s are not."""
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="tombstones")
+    workspace = models.ForeignKey(
+        Workspace, on_delete=models.CASCADE, related_name="tombstones", db_constraint=False
+    )
     entry = models.ForeignKey(
         Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="tombstones"
     )
@@ -113,6 +116,7 @@ class Tombstone(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="tombstones",
+        db_constraint=False,
     )
     actor = models.CharField(max_length=200, default="system")
     created_at = models.DateTimeField(default=timezone.now)
@@ -142,9 +146,24 @@ class Tombstone(models.Model):
 
 
 class LifecycleEvent(models.Model):
-    """One row per status change of an entry: the audit trail behind every revert."""
+    """One row per status change of an entry: the audit trail behind every revert.
 
-    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="lifecycle_events")
+    Its workspace and run are not re-checked by the database per row (``db_constraint=False``):
+    a first run over a large workspace writes an event for most of its entries, and the
+    deferred checks of those two references were a fifth of what writing an event cost
+    (bench/reports/maintenance.md, "The audit trail's own cost"). Both are deleted only through
+    the ORM, whose ``on_delete`` removes or unlinks their events, and every event is written
+    inside the transaction that read its workspace and run. The entry reference, which purges
+    and restores move, keeps its constraint. Neither has an index of its own: ``event_recent``
+    and ``event_by_run`` lead with them."""
+
+    workspace = models.ForeignKey(
+        Workspace,
+        on_delete=models.CASCADE,
+        related_name="lifecycle_events",
+        db_constraint=False,
+        db_index=False,
+    )
     entry = models.ForeignKey(Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="events")
     entry_ref = models.BigIntegerField()
     from_status = models.CharField(max_length=16, blank=True, help_text="Empty for a creation")
@@ -156,11 +175,14 @@ class LifecycleEvent(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="events",
+        db_constraint=False,
+        db_index=False,
     )
     actor = models.CharField(max_length=200, default="system")
     automatic = models.BooleanField(default=False, help_text="Made by maintenance, not by a person or key")
+    # Indexed where set only (``event_reverts``): most events revert nothing.
     reverts = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reverted_by"
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reverted_by", db_index=False
     )
     reverted_at = models.DateTimeField(null=True, blank=True, help_text="When this change was undone")
     created_at = models.DateTimeField(default=timezone.now)
@@ -172,6 +194,7 @@ class LifecycleEvent(models.Model):
             models.Index(fields=["entry_ref", "-created_at"], name="event_by_entry"),
             # A run's affected entries, by action, paged in id order (the run page and the API).
             models.Index(fields=["run", "to_status", "entry_ref"], name="event_by_run"),
+            models.Index(fields=["reverts"], condition=Q(reverts__isnull=False), name="event_reverts"),
             # The automatic changes a revert would still undo (the review tab and its count, on
             # every console page): only those rows, not every event of the workspace.
             models.Index(
