@@ -410,7 +410,9 @@ def purge_lineages(
     lineages = [r["lineage_ref"] for r in rows]
     # Scoped to the workspace: a lineage id can never reach another workspace's rows.
     doomed = Entry.objects.filter(workspace=workspace, lineage_id__in=lineages)
-    doomed_ids = list(doomed.values_list("pk", flat=True))
+    # Locked before their events are unlinked: a writer holding one of them commits its event
+    # first, and the unlinking sees it (the events' entry reference has no database check).
+    doomed_ids = list(doomed.select_for_update().order_by("pk").values_list("pk", flat=True))
     EntryAccess.objects.filter(workspace=workspace, lineage_id__in=lineages).delete()
     Tombstone.objects.filter(pk__in=[r["pk"] for r in rows]).update(purged_at=now, entry=None)
     Entry.objects.filter(pk__in=doomed_ids).delete()  # cascades links, anchors, tags, disputes

@@ -148,14 +148,15 @@ class Tombstone(models.Model):
 class LifecycleEvent(models.Model):
     """One row per status change of an entry: the audit trail behind every revert.
 
-    Its workspace and run are not re-checked by the database per row (``db_constraint=False``):
-    a first run over a large workspace writes an event for most of its entries, and the
-    deferred checks of those two references were a fifth of what writing an event cost
-    (bench/reports/maintenance.md, "The audit trail's own cost"). Both are deleted only through
-    the ORM, whose ``on_delete`` removes or unlinks their events, and every event is written
-    inside the transaction that read its workspace and run. The entry reference, which purges
-    and restores move, keeps its constraint. Neither has an index of its own: ``event_recent``
-    and ``event_by_run`` lead with them."""
+    Its references (workspace, entry, run) are not re-checked by the database per row
+    (``db_constraint=False``), as an audit log's usually are not: a first run over a large
+    workspace writes an event for most of its entries, and the deferred checks of those three
+    references cost about as much as writing the event (bench/reports/maintenance.md, "The
+    audit trail's own cost"). Workspaces, entries and runs are deleted only through the ORM,
+    whose ``on_delete`` removes the events or unlinks them (a purged entry's events keep
+    ``entry_ref``), and an event is written by the transaction that holds its entry's row lock,
+    so no purge can slip between (tests/test_audit_trail.py). The workspace and the run have
+    no index of their own: ``event_recent`` and ``event_by_run`` lead with them."""
 
     workspace = models.ForeignKey(
         Workspace,
@@ -164,7 +165,9 @@ class LifecycleEvent(models.Model):
         db_constraint=False,
         db_index=False,
     )
-    entry = models.ForeignKey(Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="events")
+    entry = models.ForeignKey(
+        Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="events", db_constraint=False
+    )
     entry_ref = models.BigIntegerField()
     from_status = models.CharField(max_length=16, blank=True, help_text="Empty for a creation")
     to_status = models.CharField(max_length=16, help_text="A status, or 'purged'")
