@@ -59,9 +59,10 @@ def settle(policy: PolicyValues) -> Settle:
     """When a run stores a new importance (``scoring_db.Settle``): moved by IMPORTANCE_STEP, or
     across a threshold a decision compares importance with — the policy's (archive, prune),
     the orphan count's, the contradiction check's at write time — so every decision reads the
-    side of each threshold the exact value is on."""
+    side of each threshold the exact value is on. Retention likewise, across the policy's
+    cold threshold (the decay pass's)."""
     thresholds = {policy.importance_threshold, ORPHAN_IMPORTANCE, contradictions.WRITE_CHECK_IMPORTANCE}
-    return Settle(IMPORTANCE_STEP, tuple(sorted(thresholds)))
+    return Settle(IMPORTANCE_STEP, tuple(sorted(thresholds)), retention=(policy.cold_threshold,))
 
 
 def score(ctx: RunContext) -> PassResult:

@@ -241,15 +241,27 @@ class Settle:
     stays: the recency term moves every young entry's importance a little at every sweep, and
     rewriting those wide, indexed rows was half of a sweep's score pass, for changes no
     decision could see. The rule is applied where the scores are computed, so a plan reads
-    exactly the values its apply stores."""
+    exactly the values its apply stores.
+
+    ``retention``: the thresholds a decision compares retention with (the cold threshold), when
+    retention is settled by the same rule and step; its row (and ``scored_at``) is then written
+    only where it moved that much or crossed one. Retention fades on every refresh, by about
+    0.00014 in a sweep's 10 minutes for a fresh memory, and writing every entry's row at every
+    sweep was the largest share of a run's writes after its status changes
+    (bench/reports/maintenance.md, "The audit trail's own cost"). None: written exactly."""
 
     step: float
     thresholds: tuple[float, ...]
+    retention: tuple[float, ...] | None = None
 
-    def sql(self, exact: str, stored: str) -> tuple[str, list[float]]:
-        """The importance to store, as an SQL expression of the ``exact`` and ``stored`` ones."""
-        crossed = "".join(f" OR ({exact} < %s) <> ({stored} < %s)" for _ in self.thresholds)
-        params = [self.step, *(t for t in self.thresholds for _ in range(2))]
+    def sql(
+        self, exact: str, stored: str, thresholds: tuple[float, ...] | None = None
+    ) -> tuple[str, list[float]]:
+        """The value to store, as an SQL expression of the ``exact`` and ``stored`` ones (the
+        importance's ``thresholds`` unless others are given)."""
+        thresholds = self.thresholds if thresholds is None else thresholds
+        crossed = "".join(f" OR ({exact} < %s) <> ({stored} < %s)" for _ in thresholds)
+        params = [self.step, *(t for t in thresholds for _ in range(2))]
         return (
             f"CASE WHEN {stored} IS NULL OR abs({exact} - {stored}) >= %s{crossed}"
             f" THEN {exact} ELSE {stored} END",
@@ -274,17 +286,24 @@ def _fill_scores(
     sql, sql_params = _scores_sql(workspace, now=now, params=params, live_since=live_since)
     stamp = "timestamptz" if connection.vendor == "postgresql" else "timestamp"
     seen_column = f", seen_at {stamp} NULL" if seen else ""
-    entry_id, scored_at = rawsql.column(EntryScore, "entry"), rawsql.column(EntryScore, "scored_at")
+    entry_id, scored_at, stored_retention = (
+        rawsql.column(EntryScore, name) for name in ("entry", "scored_at", "retention")
+    )
     importance, settle_params = (
         settle.sql("q.plan_importance", "q.s_stored") if settle is not None else ("q.plan_importance", [])
     )
+    retention, retention_params = (
+        settle.sql("q.plan_retention", f"sc.{stored_retention}", settle.retention)
+        if settle is not None and settle.retention is not None
+        else ("q.plan_retention", [])
+    )
     # The fence keeps the planner from inlining the scores where the CASE repeats them.
     fence = (" LIMIT -1 OFFSET 0" if connection.vendor == "sqlite" else " OFFSET 0") if settle else ""
-    rows = f"SELECT q.s_id, {importance}, q.plan_retention" + (f", sc.{scored_at}" if seen else "")
+    rows = f"SELECT q.s_id, {importance}, {retention}" + (f", sc.{scored_at}" if seen else "")
     rows += f" FROM ({sql}{fence}) q"
-    if seen:
+    if seen or retention_params:
         rows += f" LEFT JOIN {rawsql.table(EntryScore)} sc ON sc.{entry_id} = q.s_id"
-    sql_params = (*settle_params, *sql_params)  # the CASE comes first in the statement
+    sql_params = (*settle_params, *retention_params, *sql_params)  # the CASEs come first
     with connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE IF EXISTS {rawsql.temp_table(table)}")
         cursor.execute(
@@ -428,9 +447,16 @@ def _refresh_whole(
     # Rows of the batch whose stored score is still the one read with the inputs (SQLite
     # before 3.39 has no IS DISTINCT FROM; its IS NOT is the same comparison).
     distinct = "IS DISTINCT FROM" if connection.vendor == "postgresql" else "IS NOT"
-    unchanged = (
-        f"NOT EXISTS (SELECT 1 FROM {s} sc WHERE sc.{entry_id} = t.entry_id"
-        f" AND sc.{scored_at} {distinct} t.seen_at)"
+    rescored = f"sc.{scored_at} {distinct} t.seen_at"
+    unchanged = f"NOT EXISTS (SELECT 1 FROM {s} sc WHERE sc.{entry_id} = t.entry_id AND {rescored})"
+    # A settled retention equal to the stored one is not written again (``Settle.retention``).
+    same_retention = (
+        f" OR sc.{rawsql.column(EntryScore, 'retention')} = t.retention"
+        if settle is not None and settle.retention is not None
+        else ""
+    )
+    retention_due = (
+        f"NOT EXISTS (SELECT 1 FROM {s} sc WHERE sc.{entry_id} = t.entry_id AND ({rescored}{same_retention}))"
     )
     in_batch = "t.entry_id > %s AND t.entry_id <= %s"
     write_importance = (
@@ -442,7 +468,7 @@ def _refresh_whole(
     # also keeps SQLite from reading "ON CONFLICT" as a join's ON.)
     write_retention = _upsert_scores(
         f"SELECT t.entry_id, t.retention, %s FROM {temp} t JOIN {e} ON {e}.{pk} = t.entry_id"
-        f" WHERE {in_batch} AND {e}.{latest} AND {unchanged}"
+        f" WHERE {in_batch} AND {e}.{latest} AND {retention_due}"
     )
     stamp_value = connection.ops.adapt_datetimefield_value(now)
     try:

@@ -654,6 +654,81 @@ def test_a_settled_refresh_writes_an_importance_that_moved_a_step_or_crossed_a_t
     assert {at for _, _, at in _stored_scores(workspace).values()} == {later}
 
 
+def _retention(ids):
+    return dict(EntryScore.objects.filter(entry_id__in=ids).values_list("entry_id", "retention"))
+
+
+def test_a_settled_refresh_writes_a_retention_that_moved_a_step_or_crossed_a_threshold(workspace, now):
+    """With ``Settle.retention``, the whole refresh writes an entry's score row (retention and
+    ``scored_at``) where the stored retention is a step or more away from the exact one, or
+    on the other side of a retention threshold, or missing; elsewhere the row stays as it was,
+    ``scored_at`` included. Without it every row is written."""
+    from memory.scoring_db import Settle
+
+    ids = _run_entries(workspace, now, n=6)
+    refresh_scores(workspace, now=now, live_since=now)
+    exact = _retention(ids)
+    near, far, across, same, missing, below = ids
+    threshold = exact[across] + 0.0003  # the exact value is below it, the stored one will not be
+    earlier = now - timedelta(hours=1)
+    stored = {
+        near: exact[near] + 0.0006,
+        far: exact[far] - 0.002,
+        across: exact[across] + 0.0006,
+        same: exact[same],
+        below: exact[below] - 0.0009,
+    }
+    for pk, value in stored.items():
+        set_scores([pk], retention=value, scored_at=earlier)
+    EntryScore.objects.filter(entry_id=missing).delete()
+    later = now + timedelta(seconds=1)
+    refresh_scores(
+        workspace, now=later, live_since=later, settle=Settle(0.001, (0.0,), retention=(threshold,))
+    )
+    after = {pk: (ret, at) for pk, (_, ret, at) in _stored_scores(workspace).items()}
+    for kept in (near, same, below):
+        assert after[kept] == (stored[kept], earlier)
+    for written in (far, across, missing):
+        assert abs(after[written][0] - exact[written]) < 1e-6 and after[written][1] == later
+    assert after[across][0] < threshold
+
+    # Without a retention rule every row is written, exactly.
+    even_later = later + timedelta(seconds=1)
+    refresh_scores(workspace, now=even_later, live_since=even_later, settle=Settle(0.001, (0.0,)))
+    assert {at for _, _, at in _stored_scores(workspace).values()} == {even_later}
+
+
+def test_a_run_decays_on_the_exact_side_of_the_cold_threshold_in_its_plan_and_its_apply(workspace, now):
+    """An old episodic entry's stored retention sits just above the cold threshold, its exact
+    one just below, less than a step apart: the dry run and the real run both tombstone it
+    (the stored value crosses the threshold, so the run writes it first); one whose exact value
+    stays above it is kept by both, its stored retention left as it was."""
+    from maintenance.run_start import run_maintenance
+    from memory.policy_model import MaintenancePolicy
+
+    cold, warm = _run_entries(workspace, now, n=2)
+    for pk, days in ((cold, 400), (warm, 100)):
+        Entry.objects.filter(pk=pk).update(
+            created_at=now - timedelta(days=days), updated_at=now - timedelta(days=days), tier="episodic"
+        )
+    refresh_scores(workspace, now=now, live_since=now)
+    exact = _retention([cold, warm])
+    row = MaintenancePolicy.objects.get(workspace=workspace)
+    row.cold_threshold = exact[cold] + 0.0003
+    row.save()
+    assert exact[warm] > row.cold_threshold + 0.001
+    set_scores([cold], retention=exact[cold] + 0.0006, scored_at=now - timedelta(hours=1))
+    set_scores([warm], retention=exact[warm] + 0.0006, scored_at=now - timedelta(hours=1))
+    dry = run_maintenance(workspace=workspace, now=now, dry_run=True)
+    assert dry["affected"]["tombstoned"] == [cold]
+    real = run_maintenance(workspace=workspace, now=now, force=True)
+    assert real["affected"]["tombstoned"] == [cold]
+    assert Entry.objects.get(pk=cold).status == "tombstoned"
+    assert abs(_retention([cold])[cold] - exact[cold]) < 1e-9
+    assert Entry.objects.get(pk=warm).status != "tombstoned"
+    assert _retention([warm])[warm] == exact[warm] + 0.0006
+
+
 def test_settle_is_for_the_whole_refresh_only(workspace, now):
     from memory.scoring_db import Settle
 
