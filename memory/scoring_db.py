@@ -447,17 +447,19 @@ def _refresh_whole(
     # Rows of the batch whose stored score is still the one read with the inputs (SQLite
     # before 3.39 has no IS DISTINCT FROM; its IS NOT is the same comparison).
     distinct = "IS DISTINCT FROM" if connection.vendor == "postgresql" else "IS NOT"
+
+    def no_stored_row(where: str) -> str:
+        return f"NOT EXISTS (SELECT 1 FROM {s} sc WHERE sc.{entry_id} = t.entry_id AND ({where}))"
+
     rescored = f"sc.{scored_at} {distinct} t.seen_at"
-    unchanged = f"NOT EXISTS (SELECT 1 FROM {s} sc WHERE sc.{entry_id} = t.entry_id AND {rescored})"
+    unchanged = no_stored_row(rescored)
     # A settled retention equal to the stored one is not written again (``Settle.retention``).
-    same_retention = (
-        f" OR sc.{rawsql.column(EntryScore, 'retention')} = t.retention"
-        if settle is not None and settle.retention is not None
-        else ""
-    )
-    retention_due = (
-        f"NOT EXISTS (SELECT 1 FROM {s} sc WHERE sc.{entry_id} = t.entry_id AND ({rescored}{same_retention}))"
-    )
+    if settle is not None and settle.retention is not None:
+        retention_due = no_stored_row(
+            f"{rescored} OR sc.{rawsql.column(EntryScore, 'retention')} = t.retention"
+        )
+    else:
+        retention_due = unchanged
     in_batch = "t.entry_id > %s AND t.entry_id <= %s"
     write_importance = (
         f"UPDATE {e} SET {importance} = t.importance FROM {temp} t WHERE {e}.{pk} = t.entry_id"
