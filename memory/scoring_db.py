@@ -281,11 +281,13 @@ def _fill_scores(
 ) -> int:
     """(Re)create the temporary table ``table`` and fill it with every latest entry's id,
     importance (exact, or with ``settle`` the one to store) and retention (one statement;
-    ``_scores_sql``), with ``seen``, the ``scored_at`` each entry had then too (``seen_at``).
-    Returns how many rows it holds."""
+    ``_scores_sql``), with ``seen``, the ``scored_at`` each entry had then too (``seen_at``)
+    and whether the entry has anything to write (``due``: with a settled retention, its
+    importance or retention differs from the stored one, or it has no score row; otherwise
+    every row). Returns how many rows it holds."""
     sql, sql_params = _scores_sql(workspace, now=now, params=params, live_since=live_since)
     stamp = "timestamptz" if connection.vendor == "postgresql" else "timestamp"
-    seen_column = f", seen_at {stamp} NULL" if seen else ""
+    seen_column = f", seen_at {stamp} NULL, due boolean NOT NULL" if seen else ""
     entry_id, scored_at, stored_retention = (
         rawsql.column(EntryScore, name) for name in ("entry", "scored_at", "retention")
     )
@@ -299,18 +301,30 @@ def _fill_scores(
     )
     # The fence keeps the planner from inlining the scores where the CASE repeats them.
     fence = (" LIMIT -1 OFFSET 0" if connection.vendor == "sqlite" else " OFFSET 0") if settle else ""
-    rows = f"SELECT q.s_id, {importance}, {retention}" + (f", sc.{scored_at}" if seen else "")
+    rows = f"SELECT q.s_id, {importance} AS w_importance, {retention} AS w_retention"
+    if seen:
+        rows += f", sc.{scored_at} AS w_seen, q.s_stored AS w_stored, sc.{stored_retention} AS w_kept"
     rows += f" FROM ({sql}{fence}) q"
     if seen or retention_params:
         rows += f" LEFT JOIN {rawsql.table(EntryScore)} sc ON sc.{entry_id} = q.s_id"
     sql_params = (*settle_params, *retention_params, *sql_params)  # the CASEs come first
+    columns = "entry_id, importance, retention"
+    if seen:
+        # Due: what the apply writes differs from what is stored (the walk skips the rest).
+        distinct = "IS DISTINCT FROM" if connection.vendor == "postgresql" else "IS NOT"
+        due = (
+            f"w_importance {distinct} w_stored OR w_retention {distinct} w_kept"
+            if retention_params
+            else "1 = 1"
+        )
+        rows = f"SELECT s_id, w_importance, w_retention, w_seen, {due} FROM ({rows}) w"
+        columns += ", seen_at, due"
     with connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE IF EXISTS {rawsql.temp_table(table)}")
         cursor.execute(
             f"CREATE TEMP TABLE {table} (entry_id bigint PRIMARY KEY, importance double precision"
             f" NOT NULL, retention double precision NOT NULL{seen_column})"
         )
-        columns = "entry_id, importance, retention" + (", seen_at" if seen else "")
         cursor.execute(f"INSERT INTO {rawsql.temp_table(table)} ({columns}) {rows}", sql_params)
         return int(cursor.rowcount)
 
@@ -460,7 +474,9 @@ def _refresh_whole(
         )
     else:
         retention_due = unchanged
-    in_batch = "t.entry_id > %s AND t.entry_id <= %s"
+    # Only the rows due (``_fill_scores``): a run after another writes few of them, and
+    # walking every row in batches was most of its score pass.
+    in_batch = "t.entry_id > %s AND t.entry_id <= %s AND t.due"
     write_importance = (
         f"UPDATE {e} SET {importance} = t.importance FROM {temp} t WHERE {e}.{pk} = t.entry_id"
         f" AND {in_batch} AND {e}.{latest} AND {e}.{importance} <> t.importance"
@@ -479,7 +495,7 @@ def _refresh_whole(
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"SELECT max(entry_id) FROM (SELECT entry_id FROM {temp} WHERE entry_id > %s"
-                    " ORDER BY entry_id LIMIT %s) b",
+                    " AND due ORDER BY entry_id LIMIT %s) b",
                     [last, batch_size],
                 )
                 high = cursor.fetchone()[0]

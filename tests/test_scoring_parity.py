@@ -759,3 +759,31 @@ def test_a_run_decides_on_the_exact_side_of_a_threshold_in_its_plan_and_its_appl
     assert real["counts"]["archived"] == 1
     entry = Entry.objects.get(pk=pk)
     assert entry.status == "archived" and abs(entry.importance - exact) < 1e-9
+
+
+def test_a_settled_refresh_walks_only_the_entries_it_has_to_write(workspace, now):
+    """The whole refresh marks, where it computes the scores, the entries whose settled
+    importance or retention differs from the stored one (or that have no score row), and its
+    batches walk only those: a refresh after another, with nothing moved a step, issues no
+    write; with one entry's row missing, one batch's writes."""
+    from memory.scoring_db import Settle
+
+    ids = _run_entries(workspace, now, n=6)
+    refresh_scores(workspace, now=now, live_since=now)
+    settle = Settle(0.001, (0.0,), retention=(0.0,))
+
+    def writes(at):
+        with CaptureQueriesContext(connection) as queries:
+            refresh_scores(workspace, now=at, live_since=at, settle=settle, batch_size=2)
+        return [
+            q["sql"]
+            for q in queries
+            if re.match(r'\s*(UPDATE "memory_entry"|INSERT INTO "memory_entryscore")', q["sql"])
+        ]
+
+    later = now + timedelta(seconds=1)
+    assert writes(later) == []
+    EntryScore.objects.filter(entry_id=ids[3]).delete()
+    written = writes(later + timedelta(seconds=1))
+    assert len(written) == 2  # one batch: the importance UPDATE and the score rows' upsert
+    assert EntryScore.objects.filter(entry_id=ids[3]).exists()
