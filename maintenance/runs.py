@@ -401,7 +401,7 @@ def execute_run(
             run=run,
             actor=actor,
             batch_size=batch_size,
-            renew=lambda: lease.renew(workspace, holder=holder, now=timezone.now()),
+            renew=lease.renewer(workspace, holder=holder),
             explicit_grace=kind == RunKind.PRUNE
             and (params or {}).get("hard_delete_older_than_days") is not None,
             details=kind == RunKind.DECAY,

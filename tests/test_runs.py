@@ -531,6 +531,34 @@ def test_an_expired_lease_is_taken_over_and_the_dead_run_marked_failed(workspace
     assert dead.status == "failed" and "interrupted" in dead.error
 
 
+def test_a_run_renews_its_lease_at_most_every_few_seconds_and_notices_a_loss_after_a_stall(
+    workspace, monkeypatch
+):
+    """Between two renewals less than ``RENEW_EVERY`` apart nothing can have taken the lease
+    (a takeover needs it unrenewed for LEASE_TTL): the renewal answers without a statement.
+    After a longer pause it asks again, and a lease taken meanwhile is reported lost."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from maintenance import lease
+
+    clock = [1000.0]
+    monkeypatch.setattr(lease.time, "monotonic", lambda: clock[0])
+    holder = new_holder()
+    assert acquire(workspace, holder=holder, now=timezone.now())
+    renew = lease.renewer(workspace, holder=holder)
+    with CaptureQueriesContext(connection) as queries:
+        assert renew()
+        clock[0] += lease.RENEW_EVERY / 2
+        assert renew()
+    assert len([q for q in queries if "UPDATE" in q["sql"]]) == 1
+    acquire(workspace, holder="someone else", now=timezone.now() + lease.LEASE_TTL * 2)
+    clock[0] += lease.RENEW_EVERY
+    assert not renew()
+    assert not renew()  # and keeps saying so
+
+
 def test_a_run_never_touches_another_workspace(workspace, other_workspace, now):
     mine = make(workspace, now, age_days=100)
     theirs = make(other_workspace, now, age_days=100)
@@ -816,6 +844,19 @@ def test_status_changes_spread_their_batches_on_postgresql_and_results_stay_in_i
     assert decay.ids == cold and [r["id"] for r in decay.rows] == cold
     assert lifecycle.batches([1, 2, 3, 4, 5], 5) == [[1, 2, 3, 4, 5]]
     assert lifecycle.batches([], 500) == []
+    # Spread within windows of SPREAD_WINDOW batches, never across them.
+    many = list(range(1, 2 * 2 * lifecycle.SPREAD_WINDOW + 5))
+    split = lifecycle.batches(many, 2)
+    assert sorted(i for batch in split for i in batch) == many
+    assert all(len(batch) <= 2 and list(batch) == sorted(batch) for batch in split)
+    if connection.vendor == "postgresql":
+        window = 2 * lifecycle.SPREAD_WINDOW
+        assert split[0] == [1, 1 + lifecycle.SPREAD_WINDOW]
+        assert all(max(b) - min(b) < window for b in split)
+        rest = many[2 * window :]  # the last window: 4 ids in 2 batches
+        assert split[-2:] == [rest[0::2], rest[1::2]]
+    else:
+        assert split == [many[k : k + 2] for k in range(0, len(many), 2)]
 
 
 def test_only_a_decay_sweep_gathers_the_evicted_and_expired_rows_details(workspace, now, monkeypatch):
