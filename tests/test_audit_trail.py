@@ -1,7 +1,7 @@
 """The audit trail's references are kept by the code that deletes, not re-checked by the
 database per row: ``LifecycleEvent`` has no database constraint on its workspace, entry and
-run, ``Tombstone`` none on its workspace and run (a first run over a large workspace writes an
-event for most of its entries; the checks cost about what writing the event did). So every
+run, nor ``Tombstone`` (a first run over a large workspace writes an event for most of its
+entries and a Tombstone for a quarter of them; the checks cost about what writing them did). So every
 door that deletes one of those rows must remove or unlink what names it, and a purge must not
 leave an event naming an entry it deleted — whatever ran beside it."""
 
@@ -36,7 +36,7 @@ def _tombstone(workspace: Workspace, entry: Entry, now, run: MaintenanceRun | No
         run_id=run.pk if run else None,
         tombstone=lifecycle.Tombstoning("manual", now),
     )
-    return Tombstone.objects.get(entry_id=entry.pk)
+    return Tombstone.objects.get(entry_id=entry.pk, restored_at__isnull=True)
 
 
 def _purge(workspace: Workspace, tombstone: Tombstone, now) -> None:
@@ -46,22 +46,29 @@ def _purge(workspace: Workspace, tombstone: Tombstone, now) -> None:
 
 
 @pytest.mark.django_db
-def test_a_purge_unlinks_every_event_of_the_entries_it_deletes(workspace, now):
+def test_a_purge_unlinks_every_event_and_tombstone_of_the_entries_it_deletes(workspace, now):
     entry = _entry(workspace, now, "a note about the retry budget of the sync job")
     kept = _entry(workspace, now, "a note about the cache keys of the search page")
     for status in (Status.STALE, Status.ACTIVE):
         lifecycle.change_status(
             workspace.pk, [entry.pk, kept.pk], status, reason="test", actor="test", now=now
         )
+    # A Tombstone closed earlier (tombstoned, then restored) names the entry too.
+    _tombstone(workspace, entry, now)
+    lifecycle.change_status(workspace.pk, [entry.pk], Status.ACTIVE, reason="test", actor="test", now=now)
     tombstone = _tombstone(workspace, entry, now)
+    _tombstone(workspace, kept, now)
     _purge(workspace, tombstone, now)
 
     assert not Entry.objects.filter(pk=entry.pk).exists()
     events = LifecycleEvent.objects.filter(entry_ref=entry.pk)
-    assert events.count() == 5  # created, stale, active, tombstoned, purged
+    assert events.count() == 7  # created, stale, active, tombstoned, active, tombstoned, purged
     assert not events.filter(entry_id__isnull=False).exists()
-    # The entry that stayed keeps its events linked.
-    assert LifecycleEvent.objects.filter(entry_ref=kept.pk, entry_id=kept.pk).count() == 3
+    tombstones = Tombstone.objects.filter(entry_ref=entry.pk)
+    assert tombstones.count() == 2 and not tombstones.filter(entry_id__isnull=False).exists()
+    # The entry that stayed keeps its events and its Tombstone linked.
+    assert LifecycleEvent.objects.filter(entry_ref=kept.pk, entry_id=kept.pk).count() == 4
+    assert Tombstone.objects.filter(entry_id=kept.pk).count() == 1
 
 
 @pytest.mark.django_db

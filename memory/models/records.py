@@ -96,14 +96,23 @@ class CodeAnchor(models.Model):
 
 
 class Tombstone(models.Model):
-    """A soft deletion. It outlives a purged entry as a content-free record. Its workspace and
-    run are not re-checked by the database per row, as ``LifecycleEvent``'s are not."""
+    """A soft deletion. It outlives a purged entry as a content-free record. Its workspace,
+    entry and run are not re-checked by the database per row, as ``LifecycleEvent``'s are not:
+    a Tombstone is written by the transaction that holds its entry's row lock, and a purge
+    locks a lineage's entries before the ORM unlinks what names them. The deferred check of
+    the entry was most of the commits of a first run's evictions (bench/reports/maintenance.md,
+    "Fewer round trips and checks per batch")."""
 
     workspace = models.ForeignKey(
         Workspace, on_delete=models.CASCADE, related_name="tombstones", db_constraint=False
     )
     entry = models.ForeignKey(
-        Entry, null=True, blank=True, on_delete=models.SET_NULL, related_name="tombstones"
+        Entry,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="tombstones",
+        db_constraint=False,
     )
     entry_ref = models.BigIntegerField(help_text="Entry id, kept after purge")
     lineage_ref = models.BigIntegerField(help_text="Lineage id, kept after purge")
