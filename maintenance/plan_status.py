@@ -80,6 +80,9 @@ def record(ids: Sequence[int], status: str, now: datetime) -> None:
     """The plan moves the entries ``ids`` to ``status`` at ``now``."""
     state = _open.get()
     assert state is not None, "record() outside a plan's overlay"
+    # Distinct here, not in the INSERT: a DISTINCT over each array was about half of what
+    # recording a first run's 520,000 stale marks cost at 1,000,000 entries.
+    ids = sorted(set(ids))
     stamp = connection.ops.adapt_datetimefield_value(now)
     entry_id = rawsql.column(Entry, "id")
     upsert = "ON CONFLICT (entry_id) DO UPDATE SET status = excluded.status, changed_at = excluded.changed_at"
@@ -90,7 +93,7 @@ def record(ids: Sequence[int], status: str, now: datetime) -> None:
             if connection.vendor == "postgresql":  # the ids as one array: no row of the entries read
                 cursor.execute(
                     f"INSERT INTO {_name()} (entry_id, status, changed_at) "
-                    f"SELECT DISTINCT x, %s, %s FROM unnest(%s::bigint[]) AS x {upsert}",
+                    f"SELECT x, %s, %s FROM unnest(%s::bigint[]) AS x {upsert}",
                     [status, stamp, chunk],
                 )
                 continue
