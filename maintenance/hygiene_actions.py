@@ -125,16 +125,23 @@ def low_quality_base(ctx: RunContext) -> QuerySet[Entry]:
     return not_kept(latest(ctx).filter(status_in([Status.ACTIVE]), access_count=0, created_at__lt=cutoff))
 
 
+ONLY_CHUNK = 5000  # ids of ``only`` re-checked per statement
+
+
 def archive_low_quality(ctx: RunContext, *, only: Iterable[int] | None = None) -> PassResult:
     """Pass 6: entries hygiene recommends archiving (score ≥ 4, never accessed), not kept,
     unprotected, created more than low_quality_min_age_days before the run's ``now``, are
     archived (reason ``low_quality``; each event's details carry the score and reasons).
-    ``only``: approving proposals — the same rule, re-checked for those ids alone."""
-    base = low_quality_base(ctx)
-    if only is not None:
-        base = base.filter(pk__in=list(only))
+    ``only``: approving proposals, or a real run's apply walking its plan's ids — the same
+    rule, re-checked for those ids alone (some thousands at a time)."""
     # Held entries are scanned too, so that only those hygiene really wanted count as skipped.
-    picked = _low_quality_picks(ctx, base.exclude(_protected_but_holds(ctx)))
+    base = low_quality_base(ctx).exclude(_protected_but_holds(ctx))
+    if only is None:
+        picked = _low_quality_picks(ctx, base)
+    else:
+        chosen, picked = sorted(set(only)), {}
+        for start in range(0, len(chosen), ONLY_CHUNK):
+            picked.update(_low_quality_picks(ctx, base.filter(pk__any_of=chosen[start : start + ONLY_CHUNK])))
     result = PassResult()
     ids = sorted(picked)
     for start in range(0, len(ids), ctx.batch_size):

@@ -474,10 +474,13 @@ def execute_run(
             # The apply walks the plan's ids of the passes that change one candidate set
             # (``pass_tools.planned``) and makes its own details: the rest of the plan (a
             # million-entry first run's evicted rows: most of ~100 MB) goes before it starts.
-            ctx.planned_ids = plan.ids
+            ctx.planned_ids, held = plan.ids, plan.held
             del plan
             with lifecycle.coalesced():  # open pages hear of the changes once, not once per batch
                 applied = _execute(ctx, kind, progress, recorder=recorder)
+            # The held entries a pass that walks only its plan's ids no longer sees.
+            applied.held |= held
+            applied.counts["held_skipped"] = len(applied.held)
             return finish_run(run, RunStatus.SUCCEEDED, applied)
         # Propose mode: everything but the proposing passes applies (a purge past grace writes
         # its backup first, on demand); the proposing passes' plan becomes the proposal set.

@@ -798,6 +798,41 @@ def test_full_run_archives_low_quality_entries(workspace, now):
     )
 
 
+def test_a_real_run_s_apply_re_checks_only_the_entries_its_plan_archives(workspace, now, monkeypatch):
+    """The plan reads every entry the pass may archive; the apply re-checks, through the same
+    rule, only the ones the plan picked (as the other passes walk their plan's ids)."""
+    junk = make(workspace, now, JUNK, age_days=40)
+    kept = make(workspace, now, GOOD, age_days=40)
+    read: list[tuple[bool, set[int]]] = []
+    original = hygiene_actions._low_quality_picks
+
+    def spy(ctx, qs):
+        read.append((ctx.planning, set(qs.values_list("pk", flat=True))))
+        return original(ctx, qs)
+
+    monkeypatch.setattr(hygiene_actions, "_low_quality_picks", spy)
+    result = full_run(workspace, now)
+    assert result["counts"]["low_quality_archived"] == 1
+    assert Entry.objects.get(pk=junk.pk).status == "archived"
+    planned = set().union(*(ids for planning, ids in read if planning))
+    applied = set().union(*(ids for planning, ids in read if not planning))
+    assert planned == {junk.pk, kept.pk} and applied == {junk.pk}
+
+
+def test_a_held_entry_hygiene_would_archive_counts_as_skipped_in_a_real_run(workspace, now):
+    """The apply re-checks only the plan's picks, which leave held entries out: the run still
+    counts the held entry the plan saw hygiene wanting (as a dry run does)."""
+    from memory import holds
+
+    junk = make(workspace, now, JUNK, age_days=40)
+    holds.hold(workspace, [junk.pk], reason="reject", actor="user:ops", now=now)
+    dry = full_run(workspace, now, dry_run=True)
+    result = full_run(workspace, now)
+    assert dry["counts"]["held_skipped"] == result["counts"]["held_skipped"] == 1
+    assert result["counts"]["low_quality_archived"] == 0
+    assert Entry.objects.get(pk=junk.pk).status == "active"
+
+
 def test_a_run_assesses_each_entry_once_and_its_plan_leaves_the_verdicts_stored(workspace, now, monkeypatch):
     """The plan cannot store the verdicts it makes inside its rolled-back transaction; they are
     stored once it is over, so the apply reads them instead of running the detectors again —
