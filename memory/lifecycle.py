@@ -63,7 +63,9 @@ def batches(ids: Sequence[int], size: int, *, spread: bool = True) -> list[Seque
     checkpoint between two of them made the page's second change write the whole page to the
     WAL again ("Fewer round trips and checks per batch"). Elsewhere, or with ``spread`` false,
     consecutive ids: SQLite has no HOT updates and writes fewer pages per transaction that way."""
-    if size <= 0 or not ids:
+    if size <= 0:
+        raise ValueError(f"batch size must be positive, not {size}")
+    if not ids:
         return []
     if not spread or connection.vendor != "postgresql":
         return [ids[start : start + size] for start in range(0, len(ids), size)]

@@ -844,6 +844,8 @@ def test_status_changes_spread_their_batches_on_postgresql_and_results_stay_in_i
     assert decay.ids == cold and [r["id"] for r in decay.rows] == cold
     assert lifecycle.batches([1, 2, 3, 4, 5], 5) == [[1, 2, 3, 4, 5]]
     assert lifecycle.batches([], 500) == []
+    with pytest.raises(ValueError):
+        lifecycle.batches([1, 2], 0)
     # Spread within windows of SPREAD_WINDOW batches, never across them.
     many = list(range(1, 2 * 2 * lifecycle.SPREAD_WINDOW + 5))
     split = lifecycle.batches(many, 2)

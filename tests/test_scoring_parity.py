@@ -787,3 +787,22 @@ def test_a_settled_refresh_walks_only_the_entries_it_has_to_write(workspace, now
     written = writes(later + timedelta(seconds=1))
     assert len(written) == 2  # one batch: the importance UPDATE and the score rows' upsert
     assert EntryScore.objects.filter(entry_id=ids[3]).exists()
+
+
+def test_a_dry_run_counts_the_orphans_the_real_run_leaves(workspace, now):
+    """The plan counts orphans in one statement over its planned statuses and scores: the
+    same count as the real run's (read from the stored rows after its apply), where both the
+    plan's scores (stored importance 0.5, planned below 0.2) and its statuses (tombstoned
+    entries leave the count) differ from what is stored before the run."""
+    from maintenance.passes import ORPHAN_IMPORTANCE, ORPHAN_STATUSES
+    from maintenance.run_start import run_maintenance
+
+    ids = _run_entries(workspace, now)
+    stored = Entry.objects.filter(pk__in=ids, status__in=ORPHAN_STATUSES, importance__lt=ORPHAN_IMPORTANCE)
+    assert not stored.exists()  # before the run, by the stored rows: no orphan
+    dry = run_maintenance(workspace=workspace, now=now, dry_run=True)
+    real = run_maintenance(workspace=workspace, now=now, force=True)
+    after = Entry.objects.filter(pk__in=ids)
+    left = after.filter(status__in=ORPHAN_STATUSES, importance__lt=ORPHAN_IMPORTANCE).count()
+    assert after.filter(status="tombstoned", importance__lt=ORPHAN_IMPORTANCE).exists()
+    assert 0 < left == dry["counts"]["orphans"] == real["counts"]["orphans"]
