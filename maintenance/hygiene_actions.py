@@ -22,6 +22,7 @@ from maintenance.hygiene_text import Candidate
 from maintenance.pass_tools import PassResult, RunContext, latest, transition, unprotected
 from maintenance.plan_status import status_in
 from memory import holds, lifecycle
+from memory.bulk_insert import chunks
 from memory.models import Entry, Workspace
 from memory.models.choices import HoldReason, Status
 from memory.models.entries import protected
@@ -139,9 +140,9 @@ def archive_low_quality(ctx: RunContext, *, only: Iterable[int] | None = None) -
     if only is None:
         picked = _low_quality_picks(ctx, base)
     else:
-        chosen, picked = sorted(set(only)), {}
-        for start in range(0, len(chosen), ONLY_CHUNK):
-            picked.update(_low_quality_picks(ctx, base.filter(pk__any_of=chosen[start : start + ONLY_CHUNK])))
+        picked = {}
+        for chunk in chunks(sorted(set(only)), ONLY_CHUNK):
+            picked.update(_low_quality_picks(ctx, base.filter(pk__any_of=chunk)))
     result = PassResult()
     ids = sorted(picked)
     for start in range(0, len(ids), ctx.batch_size):

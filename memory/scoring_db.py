@@ -269,6 +269,12 @@ class Settle:
         )
 
 
+def _is_distinct() -> str:
+    """The operator "differs, NULL counting as a value": SQLite before 3.39 has no IS
+    DISTINCT FROM; its IS NOT is the same comparison."""
+    return "IS DISTINCT FROM" if connection.vendor == "postgresql" else "IS NOT"
+
+
 def _fill_scores(
     table: str,
     workspace: Workspace | int,
@@ -311,7 +317,7 @@ def _fill_scores(
     columns = "entry_id, importance, retention"
     if seen:
         # Due: what the apply writes differs from what is stored (the walk skips the rest).
-        distinct = "IS DISTINCT FROM" if connection.vendor == "postgresql" else "IS NOT"
+        distinct = _is_distinct()
         due = (
             f"w_importance {distinct} w_stored OR w_retention {distinct} w_kept"
             if retention_params
@@ -458,9 +464,8 @@ def _refresh_whole(
     temp, e, s = rawsql.temp_table(table), rawsql.table(Entry), rawsql.table(EntryScore)
     pk, latest, importance = (rawsql.column(Entry, n) for n in ("id", "is_latest", "importance"))
     entry_id, scored_at = rawsql.column(EntryScore, "entry"), rawsql.column(EntryScore, "scored_at")
-    # Rows of the batch whose stored score is still the one read with the inputs (SQLite
-    # before 3.39 has no IS DISTINCT FROM; its IS NOT is the same comparison).
-    distinct = "IS DISTINCT FROM" if connection.vendor == "postgresql" else "IS NOT"
+    # Rows of the batch whose stored score is still the one read with the inputs.
+    distinct = _is_distinct()
 
     def no_stored_row(where: str) -> str:
         return f"NOT EXISTS (SELECT 1 FROM {s} sc WHERE sc.{entry_id} = t.entry_id AND ({where}))"
