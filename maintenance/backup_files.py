@@ -3,10 +3,12 @@
 One gzip-compressed JSON object per line: a header (format, workspace, created_at, reason), the
 workspace's row, every row of each kind in ``KINDS`` order as ``{"kind": ..., "row": {...}}``
 (every concrete column by attname but the workspace; datetimes ISO-8601 UTC), and a trailer
-(counts per kind, sha256 of every line above). Nothing depends on the database: a file written
-on SQLite restores into PostgreSQL and back. Files live in the ``backups`` storage, a folder per
-workspace, and are only ever read through it (or from a local copy); reading streams and
-verifies the file whole (checksum, counts, format).
+(counts per kind, sha256 of every line above). On PostgreSQL a row's line also carries the
+database's digest of that row (``"digest"``, after the row; see ``digest_sql``), which lets a
+restore pass over rows that have not changed since without reading them back. Nothing else
+depends on the database: a file written on SQLite restores into PostgreSQL and back. Files
+live in the ``backups`` storage, a folder per workspace, and are only ever read through it (or
+from a local copy); reading streams and verifies the file whole (checksum, counts, format).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
 from django.core.files.storage import Storage, storages
-from django.db import models
+from django.db import connection, models
 
 from maintenance.models import Backup, Dispute, MaintenanceRun
 from memory.errors import ServiceError
@@ -125,6 +127,8 @@ KIND_BY_NAME = {k.name: k for k in KINDS}
 # The kinds whose rows a restore matches by id and compares whole: an unchanged row's line is
 # recognised by its bytes (``restore._Writer.unchanged_dropped``), without parsing it.
 _BY_BYTES = frozenset(k.name for k in KINDS if not k.history and k.name not in ("policy", "entry_tag"))
+# The kinds whose lines carry a digest of their row on PostgreSQL (``digest_sql``).
+DIGESTED = _BY_BYTES | {"entry_tag"}
 WORKSPACE_KIND = "workspace"
 WORKSPACE_COLUMNS = ("slug", "name", "created_at")
 ALL_KINDS = (WORKSPACE_KIND, *KIND_BY_NAME)
@@ -250,11 +254,56 @@ def _lines(handle: Any) -> Iterator[bytes]:
         yield rest
 
 
+def digest_sql(kind: Kind, table: str) -> str:
+    """PostgreSQL: the SQL expression of a row's digest, its columns qualified by ``table`` (a
+    name or alias, quoted here): a 64-bit hash (``hashtextextended``, the one hash partitioning
+    keeps stable across versions) of the row's text as the database prints it, the file's
+    columns in the file's order, the workspace left out.
+
+    Two rows with the same digest hold the same values as far as a restore can tell: a row's
+    text names every column, NULL apart from an empty string, a date-time to the microsecond
+    with its offset, JSON in its one stored form — and a float exactly, as long as
+    ``extra_float_digits`` is above 0 (PostgreSQL's default; at 0 two floats can print alike),
+    which ``digests_exact`` checks before a digest is written or trusted. Another time zone or
+    version printing a row otherwise only makes digests differ: the restore then compares
+    that row as it compares a file without digests."""
+    qn = connection.ops.quote_name
+    columns = ", ".join(f"{qn(table)}.{qn(f.column)}" for f in kind.fields)
+    return f"hashtextextended(ROW({columns})::text, 0)"
+
+
+def digests_exact() -> bool:
+    """Whether this connection can write or trust row digests (``digest_sql``): PostgreSQL,
+    printing floats exactly."""
+    if connection.vendor != "postgresql":
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('extra_float_digits')::int > 0")
+        return bool(cursor.fetchone()[0])
+
+
+# How this version ends a line that carries its row's digest (orjson: no spaces): the row's
+# closing brace, the digest, the line's closing brace. A line without one ends in at least two
+# closing braces, so a "digest" key inside the row's own JSON is never taken for it.
+_DIGEST_END = b',"digest":'
+_DIGEST_TAIL = re.compile(rb'\},"digest":(-?\d{1,20})\}\n\Z')
+
+
 class Raw(NamedTuple):
-    """A row line the writing scan has not parsed: its id and its bytes."""
+    """A row line the writing scan has not parsed: its id, its bytes without the digest (the
+    line as it would be written without one), and the digest, if the line has one."""
 
     pk: int
     line: bytes
+    digest: int | None = None
+
+
+def _raw(pk: int, line: bytes) -> Raw:
+    at = line.rfind(_DIGEST_END)
+    tail = _DIGEST_TAIL.match(line, at - 1) if at > 0 else None
+    if tail is None:
+        return Raw(pk, line)
+    return Raw(pk, line[:at] + b"}\n", int(tail[1]))
 
 
 def scan(
@@ -267,8 +316,8 @@ def scan(
 ) -> _Counted:
     """Stream a backup file once, calling ``on_row(kind, row)`` for each well-formed row in file
     order, and verify it as a whole at the end: (header, trailer, rows per kind). With
-    ``on_line``, a row line of a kind in ``_BY_BYTES`` written as this version writes it is
-    handed over unparsed instead, as ``on_line(kind, Raw(id, line))`` (the writing scan of a
+    ``on_line``, a row line of a kind in ``DIGESTED`` written as this version writes it is
+    handed over unparsed instead, as ``on_line(kind, Raw(id, line, digest))`` (the writing scan of a
     file the verifying scan has read whole). ``loads``: orjson's for a scan that only checks
     the rows and keeps their ids (three times faster, but it reads integers beyond 64 bits as
     floats: a scan whose rows are written keeps json's).
@@ -292,9 +341,9 @@ def scan(
                     row: Any = None
                     start = _ROW_START.match(previous) if on_line is not None and number > 1 else None
                     kind = start[1].decode() if start is not None else ""
-                    if start is not None and on_line is not None and kind in _BY_BYTES:
+                    if start is not None and on_line is not None and kind in DIGESTED:
                         found[kind] += 1
-                        on_line(kind, Raw(int(start[2]), previous))
+                        on_line(kind, _raw(int(start[2]), previous))
                     else:
                         try:
                             data = parse_line(previous, loads)

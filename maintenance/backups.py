@@ -28,10 +28,12 @@ import orjson
 from django.core.files import File
 from django.core.files.storage import FileSystemStorage, Storage
 from django.db import connection, models, transaction
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from maintenance.backup_files import (
     ALL_KINDS,
+    DIGESTED,
     FORMAT,
     KINDS,
     READ_CHUNK,
@@ -40,6 +42,8 @@ from maintenance.backup_files import (
     BackupError,
     Kind,
     Progress,
+    digest_sql,
+    digests_exact,
     error_detail,
     storage,
     stored_name,
@@ -159,6 +163,8 @@ def _querysets(workspace: Workspace) -> Iterator[tuple[Kind, models.QuerySet[Any
             yield kind, manager.filter(entry__workspace=workspace)
 
 
+_DIGEST = "backup_row_digest"  # the name of the digest's column while a backup reads rows
+
 # zlib's level 6 (gzip's own default): at the entries' rows it compresses twice as fast as
 # level 9 into a file 3 % larger (bench/reports/maintenance.md, the backup section).
 COMPRESS_LEVEL = 6
@@ -235,12 +241,25 @@ def _write_lines(
             ws_row = {c: getattr(workspace, c) for c in WORKSPACE_COLUMNS}
             emit([encode_line(header), encode_line({"kind": WORKSPACE_KIND, "row": ws_row})])
             counts[WORKSPACE_KIND] = 1
+            digests = digests_exact()
             for kind, queryset in _querysets(workspace):
                 batch: list[bytes] = []
+                columns: list[Any] = list(kind.columns)
+                digested = digests and kind.name in DIGESTED
+                if digested:
+                    # Computed by the database in the statement that reads the row (restore.py).
+                    table = kind.model._meta.db_table
+                    queryset = queryset.annotate(**{_DIGEST: RawSQL(digest_sql(kind, table), ())})
+                    columns.append(_DIGEST)
                 # The iterator stays inline: held by a name, its server-side cursor would outlive
                 # the transaction on an error (the traceback keeps the frame) and fail to close.
-                for row in queryset.order_by("pk").values(*kind.columns).iterator(chunk_size=READ_CHUNK):
-                    batch.append(encode_line({"kind": kind.name, "row": _finite(kind, row)}))
+                for row in queryset.order_by("pk").values(*columns).iterator(chunk_size=READ_CHUNK):
+                    if digested:
+                        digest = row.pop(_DIGEST)
+                        line = {"kind": kind.name, "row": _finite(kind, row), "digest": digest}
+                    else:
+                        line = {"kind": kind.name, "row": _finite(kind, row)}
+                    batch.append(encode_line(line))
                     if len(batch) == READ_CHUNK:
                         emit(batch)
                         counts[kind.name] += len(batch)

@@ -38,6 +38,7 @@ from maintenance.backup_files import (
     Raw,
     Source,
     counts_text,
+    digest_sql,
 )
 from maintenance.backups import encode_line
 from maintenance.models import MaintenanceRun
@@ -221,6 +222,7 @@ class _Writer:
         self.entries_seen = False
         self.touched: list[type[models.Model]] = []
         self.writes = _Writes()
+        self.digests = backup_files.digests_exact()  # whether lines' digests can be trusted
         # Runs the restore inserts (no row anywhere has their id: history is never overwritten)
         # and runs of this workspace: references to any other run become null.
         existing: set[int] = set()
@@ -299,6 +301,10 @@ class _Writer:
         row of this workspace would be written as now: those rows are unchanged, and comparing
         the bytes costs a fraction of parsing the line and comparing every column. With them,
         the rows of this workspace it read (by id), for the planning not to read them again."""
+        items = self._digest_dropped(kind, items)
+        if kind.name == "entry_tag":  # matched by their pair (``plan_entry_tags``), not by bytes
+            self.writes.send()
+            return [self._parsed(kind, i) if isinstance(i, Raw) else i for i in items], {}
         unparsed = [item.pk for item in items if isinstance(item, Raw)]
         existing: dict[int, dict[str, Any]] = {}
         if unparsed:
@@ -317,6 +323,42 @@ class _Writer:
                 continue
             rows.append(self._parsed(kind, item))
         return rows, existing
+
+    def _digest_dropped(self, kind: Kind, items: list[dict[str, Any] | Raw]) -> list[dict[str, Any] | Raw]:
+        """The chunk but for the lines whose digest equals the digest of their row of this
+        workspace now (``backup_files.digest_sql``): those rows have not changed since the
+        backup, and the database tells so without sending them. An entry leaving its place as
+        latest is compared as it was (``_serialised``), never by digest."""
+        if not self.digests:
+            return items
+        wanted = {
+            item.pk: item.digest
+            for item in items
+            if isinstance(item, Raw) and item.digest is not None and item.pk not in self.leaving
+        }
+        if not wanted:
+            return items
+        qn = connection.ops.quote_name
+        table = qn(kind.model._meta.db_table)
+        if kind.scoped:
+            sql = (
+                f"SELECT r.{qn('id')}, {digest_sql(kind, 'r')} FROM {table} AS r "
+                f"WHERE r.{qn('workspace_id')} = %s AND r.{qn('id')} = ANY(%s::bigint[])"
+            )
+        else:  # entry↔tag pairs: the workspace is their entry's
+            sql = (
+                f"SELECT r.{qn('id')}, {digest_sql(kind, 'r')} FROM {table} AS r "
+                f"JOIN {qn(Entry._meta.db_table)} AS e ON e.{qn('id')} = r.{qn('entry_id')} "
+                f"WHERE e.{qn('workspace_id')} = %s AND r.{qn('id')} = ANY(%s::bigint[])"
+            )
+        self.writes.wait()
+        with connection.cursor() as cursor:
+            # The ids as one array literal: the driver's own dumping of a list costs more.
+            cursor.execute(sql, [self.ws_id, "{" + ",".join(map(str, wanted)) + "}"])
+            same = {pk for pk, digest in cursor.fetchall() if wanted[pk] == digest}
+        if not same:
+            return items
+        return [item for item in items if not (isinstance(item, Raw) and item.pk in same)]
 
     def _serialised(self, kind: Kind, pk: int, current: dict[str, Any]) -> bytes | None:
         """The line ``current`` would be written as, or None for an entry leaving its place as

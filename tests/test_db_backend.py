@@ -4,6 +4,7 @@ Django's own loader gives it (SQLite has its own converters: skipped there)."""
 
 import datetime
 
+import psycopg
 import pytest
 from django.db import connection
 from django.db.backends.postgresql.psycopg_any import register_tzloader
@@ -81,3 +82,23 @@ def test_every_connection_gives_temporary_tables_room_before_its_first_one():
         assert cursor.fetchone()[0] == backend.TEMP_BUFFERS
         cursor.execute("CREATE TEMP TABLE bench_probe (x int)")
         cursor.execute("DROP TABLE bench_probe")
+
+
+def test_every_session_prints_floats_exactly_whatever_the_database_sets():
+    """A database set to ``extra_float_digits = 0`` prints floats to 15 digits, and the driver
+    reads them as text: a backup would hold them rounded. Every session of the project's
+    backend asks for exact floats at its start, which outranks the database's setting."""
+    name = connection.settings_dict["NAME"]
+    admin = psycopg.connect(**connection.get_connection_params(), autocommit=True)
+    try:
+        admin.execute(f'ALTER DATABASE "{name}" SET extra_float_digits = 0')
+        plain = {k: v for k, v in connection.get_connection_params().items() if k != "options"}
+        with psycopg.connect(**plain) as bare, psycopg.connect(**connection.get_connection_params()) as ours:
+            assert bare.execute("SHOW extra_float_digits").fetchone()[0] == "0"
+            assert ours.execute("SHOW extra_float_digits").fetchone()[0] == "1"
+            exact = 1.2345678901234567
+            assert bare.execute("SELECT %s::float8::text", [exact]).fetchone()[0] != repr(exact)
+            assert ours.execute("SELECT %s::float8::text", [exact]).fetchone()[0] == repr(exact)
+    finally:
+        admin.execute(f'ALTER DATABASE "{name}" RESET extra_float_digits')
+        admin.close()

@@ -54,6 +54,10 @@ class UTCTimestamptzLoader:
 # new session (beside the settings' own ``options``), not a statement on every checkout from
 # the pool, which happens once per request.
 TEMP_BUFFERS = "256MB"
+# Floats printed exactly (PostgreSQL's default since 12, but a server or database may set 0,
+# which prints 15 digits): the driver reads floats as text, and a backup must hold each one as
+# stored, and a restore compare them so (maintenance/backup_files.py, ``digests_exact``).
+EXTRA_FLOAT_DIGITS = 1
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
@@ -69,7 +73,10 @@ class DatabaseWrapper(base.DatabaseWrapper):
             context = adapt.AdaptersMap(params["context"])
             context.register_loader("timestamptz", UTCTimestamptzLoader)
             params["context"] = context
-        params["options"] = f"{params.get('options') or ''} -c temp_buffers={TEMP_BUFFERS}".strip()
+        params["options"] = (
+            f"{params.get('options') or ''} -c temp_buffers={TEMP_BUFFERS}"
+            f" -c extra_float_digits={EXTRA_FLOAT_DIGITS}"
+        ).strip()
         return params
 
 
