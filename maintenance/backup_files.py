@@ -260,8 +260,10 @@ def digest_sql(kind: Kind, table: str) -> str:
     keeps stable across versions) of the row's text as the database prints it, the file's
     columns in the file's order, the workspace left out.
 
-    Two rows with the same digest hold the same values as far as a restore can tell: a row's
-    text names every column, NULL apart from an empty string, a date-time to the microsecond
+    Two rows with the same digest hold the same values as far as a restore can tell: the text
+    hashed starts with the columns' names (a version that renames or reorders columns never
+    matches an older digest), and a row's text holds every column in order, NULL apart from an
+    empty string, a date-time to the microsecond
     with its offset, JSON in its one stored form — and a float exactly, as long as
     ``extra_float_digits`` is above 0 (PostgreSQL's default; at 0 two floats can print alike),
     which ``digests_exact`` checks before a digest is written or trusted. Another time zone or
@@ -269,7 +271,8 @@ def digest_sql(kind: Kind, table: str) -> str:
     that row as it compares a file without digests."""
     qn = connection.ops.quote_name
     columns = ", ".join(f"{qn(table)}.{qn(f.column)}" for f in kind.fields)
-    return f"hashtextextended(ROW({columns})::text, 0)"
+    names = ",".join(f.column for f in kind.fields)  # identifiers of the models: plain ASCII
+    return f"hashtextextended('{names}' || ROW({columns})::text, 0)"
 
 
 def digests_exact() -> bool:

@@ -360,10 +360,13 @@ class _Writer:
         with connection.cursor() as cursor:
             # The ids as one array literal: the driver's own dumping of a list costs more.
             cursor.execute(sql, [self.ws_id, "{" + ",".join(map(str, wanted)) + "}"])
-            same = {pk for pk, digest in cursor.fetchall() if wanted[pk] == digest}
-        if not same:
-            return items
-        return [item for item in items if not (isinstance(item, Raw) and item.pk in same)]
+            now = dict(cursor.fetchall())
+
+        def unchanged(item: dict[str, Any] | Raw) -> bool:
+            # Each line against its own digest (a file could repeat an id: each line stands alone).
+            return isinstance(item, Raw) and item.pk in wanted and now.get(item.pk) == item.digest
+
+        return [item for item in items if not unchanged(item)]
 
     def _serialised(self, kind: Kind, pk: int, current: dict[str, Any]) -> bytes | None:
         """The line ``current`` would be written as, or None for an entry leaving its place as

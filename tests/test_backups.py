@@ -361,7 +361,7 @@ def test_a_restore_passes_over_the_rows_whose_digest_still_matches_without_readi
 
     result = restore.restore_backup(path, force=True)
 
-    assert result["overwritten"]["entry"] == 1
+    assert result["overwritten"] == {**dict.fromkeys(MODELS, 0), "entry": 1}
     restored = Entry.objects.get(pk=changed.pk)
     assert (restored.title, restored.salience) == (changed.title, changed.salience)
     row_lines = {k: n for k, n in Counter(parsed).items() if k in backup_files.DIGESTED}
@@ -566,6 +566,37 @@ def test_rows_deleted_after_the_backup_come_back_and_a_recreated_tag_is_reused(w
         for r in before["entry_tag"]
     }
     assert pairs == expected
+
+
+def test_a_row_moved_unchanged_to_another_workspace_still_refuses_the_restore(
+    workspace, other_workspace, now
+):
+    """Its digest (which leaves the workspace out) is what the file holds: only the workspace
+    the restore asks about tells it apart."""
+    populate(workspace, now)
+    path = backup_path(backups.write_backup(workspace, now=now))
+    tag = Tag.objects.filter(workspace=workspace).order_by("pk").first()
+    assert tag is not None
+    Tag.objects.filter(pk=tag.pk).update(workspace=other_workspace)
+    before = (dump(workspace), dump(other_workspace))
+
+    with pytest.raises(RestoreRefused, match=r"1 row\(s\) .* held by another workspace \(tag: 1\)"):
+        restore.restore_backup(path, force=True)
+
+    assert (dump(workspace), dump(other_workspace)) == before
+
+
+def test_a_float_changed_by_its_last_bit_is_restored(workspace, now):
+    populate(workspace, now)
+    entry = Entry.objects.filter(workspace=workspace, salience__isnull=False).order_by("pk").first()
+    assert entry is not None and entry.salience is not None
+    path = backup_path(backups.write_backup(workspace, now=now))
+    Entry.objects.filter(pk=entry.pk).update(salience=math.nextafter(entry.salience, 0.0))
+
+    result = restore.restore_backup(path, force=True)
+
+    assert Entry.objects.get(pk=entry.pk).salience == entry.salience
+    assert sum(result["overwritten"].values()) == 1
 
 
 def test_an_id_held_by_another_workspace_refuses_the_restore_even_with_force(workspace, other_workspace, now):
