@@ -337,25 +337,20 @@ class _Writer:
         if not self.digests:
             return items
         wanted = {
-            item.pk: item.digest
+            item.pk
             for item in items
             if isinstance(item, Raw) and item.digest is not None and item.pk not in self.leaving
         }
         if not wanted:
             return items
         qn = connection.ops.quote_name
-        table = qn(kind.model._meta.db_table)
-        if kind.scoped:
-            sql = (
-                f"SELECT r.{qn('id')}, {digest_sql(kind, 'r')} FROM {table} AS r "
-                f"WHERE r.{qn('workspace_id')} = %s AND r.{qn('id')} = ANY(%s::bigint[])"
-            )
-        else:  # entry↔tag pairs: the workspace is their entry's
-            sql = (
-                f"SELECT r.{qn('id')}, {digest_sql(kind, 'r')} FROM {table} AS r "
-                f"JOIN {qn(Entry._meta.db_table)} AS e ON e.{qn('id')} = r.{qn('entry_id')} "
-                f"WHERE e.{qn('workspace_id')} = %s AND r.{qn('id')} = ANY(%s::bigint[])"
-            )
+        join, owner = "", "r"
+        if not kind.scoped:  # entry↔tag pairs have no workspace of their own: it is their entry's
+            join, owner = f" JOIN {qn(Entry._meta.db_table)} AS e ON e.{qn('id')} = r.{qn('entry_id')}", "e"
+        sql = (
+            f"SELECT r.{qn('id')}, {digest_sql(kind, 'r')} FROM {qn(kind.model._meta.db_table)} AS r{join}"
+            f" WHERE {owner}.{qn('workspace_id')} = %s AND r.{qn('id')} = ANY(%s::bigint[])"
+        )
         self.writes.wait()
         with connection.cursor() as cursor:
             # The ids as one array literal: the driver's own dumping of a list costs more.

@@ -268,6 +268,27 @@ def test_restoring_into_the_unchanged_workspace_writes_nothing(workspace, now):
     assert dump(workspace) == before
 
 
+def _parsed_by_writing_scan(monkeypatch) -> list[str]:
+    """Records the kind of every line a restore's writing scan parses (the verifying scan,
+    which parses every line, is left out)."""
+    parsed: list[str] = []
+    parse = backup_files.parse_line
+    scan = backup_files.scan
+
+    def counting(raw: bytes, *loads: Any) -> dict[str, Any]:
+        data = parse(raw, *loads)
+        parsed.append(data["kind"])
+        return data
+
+    def writing_scan_only(path, on_row, progress=None, **options):
+        if options.get("on_line") is not None:
+            monkeypatch.setattr(backup_files, "parse_line", counting)
+        return scan(path, on_row, progress, **options)
+
+    monkeypatch.setattr(backup_files, "scan", writing_scan_only)
+    return parsed
+
+
 def test_the_writing_scan_recognises_unchanged_rows_by_their_bytes_and_parses_only_the_rest(
     workspace, now, monkeypatch
 ):
@@ -276,22 +297,7 @@ def test_the_writing_scan_recognises_unchanged_rows_by_their_bytes_and_parses_on
     changed = Entry.objects.filter(workspace=workspace).order_by("pk").first()
     assert changed is not None
     Entry.objects.filter(pk=changed.pk).update(title="changed since")
-    parsed: list[str] = []
-    parse = backup_files.parse_line
-
-    def counting(raw: bytes, *loads: Any) -> dict[str, Any]:
-        data = parse(raw, *loads)
-        parsed.append(data["kind"])
-        return data
-
-    scan = backup_files.scan
-
-    def writing_scan_only(path, on_row, progress=None, **options):
-        if options.get("on_line") is not None:
-            monkeypatch.setattr(backup_files, "parse_line", counting)
-        return scan(path, on_row, progress, **options)
-
-    monkeypatch.setattr(backup_files, "scan", writing_scan_only)
+    parsed = _parsed_by_writing_scan(monkeypatch)
 
     result = restore.restore_backup(path, force=True)
 
@@ -343,21 +349,7 @@ def test_a_restore_passes_over_the_rows_whose_digest_still_matches_without_readi
     assert changed is not None
     Entry.objects.filter(pk=changed.pk).update(title="changed since", salience=1.75)
     compared = _compared_by_row(monkeypatch)
-    parsed: list[str] = []
-    parse = backup_files.parse_line
-    scan = backup_files.scan
-
-    def counting(raw: bytes, *loads: Any) -> dict[str, Any]:
-        data = parse(raw, *loads)
-        parsed.append(data["kind"])
-        return data
-
-    def writing_scan_only(path, on_row, progress=None, **options):
-        if options.get("on_line") is not None:
-            monkeypatch.setattr(backup_files, "parse_line", counting)
-        return scan(path, on_row, progress, **options)
-
-    monkeypatch.setattr(backup_files, "scan", writing_scan_only)
+    parsed = _parsed_by_writing_scan(monkeypatch)
 
     result = restore.restore_backup(path, force=True)
 
