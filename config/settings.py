@@ -241,6 +241,9 @@ else:
 # A dry run of a workspace with at most this many latest entries answers in the request; a
 # larger one (like every real run) is queued for the django-q2 worker (api.maintenance).
 MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES = env_int("MAINTENANCE_INLINE_DRY_RUN_MAX_ENTRIES", 2000)
+# PostgreSQL: the connections that write one pass's batches of a run at once
+# (maintenance.batch_workers); 1 writes them one after the other.
+MAINTENANCE_BATCH_WORKERS = env_int("MAINTENANCE_BATCH_WORKERS", 2)
 # On SQLite a run's plan works on a temporary copy of the database, so API writes never wait
 # for it (maintenance.plan_snapshot); 0 plans inside the database under its write lock.
 PLAN_SNAPSHOT = env_bool("PLAN_SNAPSHOT", True)

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
-from maintenance import plan_status
+from maintenance import batch_workers, plan_status
 from maintenance.models import PlanScore
 from memory import lifecycle
 from memory.models import Entry, Relationship, Workspace
@@ -230,10 +230,15 @@ def transition(
     # no gain in the pass itself (bench/reports/maintenance.md, "status changes spread over
     # the table").
     spread = spread and tombstone_reason is None
-    for rows in locked_batches(ctx, candidates, (*detail_fields, "status"), ids=ids, spread=spread):
-        if detail_fields:
-            result.rows.extend(_detail_rows(rows, detail_fields))
-        if destructive and not result.ids:
+    fields = (*detail_fields, "status")
+    tombstoning = (
+        lifecycle.Tombstoning(tombstone_reason, ctx.now + timedelta(days=ctx.policy.purge_grace_days))
+        if tombstone_reason
+        else None
+    )
+
+    def write(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if destructive and not result.ids:  # only in the caller's thread: see below
             ctx.before_destructive()
         batch = [r["pk"] for r in rows]
         lifecycle.change_status(
@@ -241,15 +246,32 @@ def transition(
             batch,
             to_status,
             **automatic_event(ctx, reason),
-            tombstone=lifecycle.Tombstoning(
-                tombstone_reason, ctx.now + timedelta(days=ctx.policy.purge_grace_days)
-            )
-            if tombstone_reason
-            else None,
+            tombstone=tombstoning,
             details_of={i: details_of[i] for i in batch if i in details_of} if details_of else None,
             tombstoned=[r["pk"] for r in rows if r["status"] == Status.TOMBSTONED],
         )
-        result.ids += batch
+        return rows
+
+    def done(rows: list[dict[str, Any]]) -> None:
+        if detail_fields:
+            result.rows.extend(_detail_rows(rows, detail_fields))
+        result.ids.extend(r["pk"] for r in rows)
+
+    batches = lifecycle.batches(_ids_of(candidates, ids), ctx.batch_size, spread=spread)
+    start = 0
+    if destructive:
+        # The pre-prune backup before the first batch that changes a row (``write``), so one
+        # batch at a time in the caller's thread until one has: it must not race a batch.
+        while start < len(batches) and not result.ids:
+            rows = _locked_batch(candidates, fields, batches[start], write)
+            ctx.heartbeat()
+            start += 1
+            if rows is not None:
+                done(rows)
+    for rows in batch_workers.each_batch(
+        batches[start:], lambda batch: _locked_batch(candidates, fields, batch, write), ctx.heartbeat
+    ):
+        done(rows)
     # In id order whatever the batches' (``lifecycle.batches``): as the plan reports them.
     result.ids.sort()
     result.rows.sort(key=lambda r: r["id"])
@@ -282,18 +304,42 @@ def locked_batches(
     them inside that transaction — and the lease renewed after it. A batch none of whose rows
     qualify any more is not yielded. On PostgreSQL the batches are spread over the table
     (``memory.lifecycle.batches``) unless ``spread`` is false."""
-    ids_all = sorted(ids) if ids is not None else list(candidates.order_by("pk").values_list("pk", flat=True))
-    for batch in lifecycle.batches(ids_all, ctx.batch_size, spread=spread):
+    for batch in lifecycle.batches(_ids_of(candidates, ids), ctx.batch_size, spread=spread):
         with transaction.atomic():
-            rows = list(
-                candidates.filter(pk__any_of=batch)
-                .select_for_update(of=("self",))
-                .order_by("pk")
-                .values("pk", *fields)
-            )
+            rows = _locked_rows(candidates, fields, batch)
             if rows:
                 yield rows
         ctx.heartbeat()
+
+
+def _ids_of(candidates: QuerySet[Entry], ids: Sequence[int] | None) -> list[int]:
+    """The ids a transition walks, sorted: ``ids`` (the plan's), or the candidates' (one read)."""
+    return sorted(ids) if ids is not None else list(candidates.order_by("pk").values_list("pk", flat=True))
+
+
+def _locked_rows(
+    candidates: QuerySet[Entry], fields: tuple[str, ...], batch: Sequence[int]
+) -> list[dict[str, Any]]:
+    """The rows of ``batch`` still candidates, locked (inside the caller's transaction)."""
+    return list(
+        candidates.filter(pk__any_of=batch)
+        .select_for_update(of=("self",))
+        .order_by("pk")
+        .values("pk", *fields)
+    )
+
+
+def _locked_batch(
+    candidates: QuerySet[Entry],
+    fields: tuple[str, ...],
+    batch: Sequence[int],
+    write: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+) -> list[dict[str, Any]] | None:
+    """One batch of a transition in one transaction: its rows still candidates locked, read
+    again and written (``write``); None when none qualifies any more."""
+    with transaction.atomic():
+        rows = _locked_rows(candidates, fields, batch)
+        return write(rows) if rows else None
 
 
 def _planned_transition(

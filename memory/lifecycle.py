@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -397,9 +398,10 @@ class _Tell:
         changes.told = True
         waiting = _waiting.get()
         if waiting is not None:  # inside coalesced(): told at its end
-            waiting.setdefault(changes.workspace_id, _Changes(changes.workspace_id)).add(
-                changes.statuses, changes.count
-            )
+            with _waiting_lock:  # a pass's batches may commit from several threads
+                waiting.setdefault(changes.workspace_id, _Changes(changes.workspace_id)).add(
+                    changes.statuses, changes.count
+                )
             return
         try:
             entries_changed.send_robust(
@@ -414,6 +416,7 @@ class _Tell:
 
 # Inside ``coalesced()``: the changes committed so far, per workspace.
 _waiting: ContextVar[dict[int, _Changes] | None] = ContextVar("lifecycle_waiting", default=None)
+_waiting_lock = threading.Lock()
 
 
 def announce(workspace_id: int, statuses: Iterable[str] = (), count: int = 0) -> None:

@@ -1,0 +1,120 @@
+"""A pass's batches written over several database connections at once (PostgreSQL).
+
+A first run over a large workspace changes most of its entries, in batches of
+``pass_tools.BATCH_SIZE``, each one transaction: its ids locked and read again through the
+pass's whole predicate, the status UPDATE, the LifecycleEvents (and Tombstones). The batches of
+one pass are independent of each other — disjoint ids, each its own transaction — and nearly
+all of their time is the database server's. One connection keeps one server process busy; the
+server has more cores. ``each_batch`` hands the batches to ``WORKERS`` threads, each with its
+own connection, and yields their results to the caller's thread, which renews the run's lease
+between them (``RunContext.heartbeat``) as it does between sequential batches.
+
+Every guarantee of a batch holds as before, because every batch is still one transaction of
+its own: a kill (or a stop: the caller's thread takes the signal, tells the workers to take no
+further batch and waits for the ones in hand) leaves no half-applied batch; a lease lost stops
+the pass before the next batches. What differs is only their order of commit, which nothing
+reads: a pass's ids are sorted at its end. The threads' connections are closed when the pass
+is over.
+
+Sequential (in the caller's thread and connection) on SQLite (one writer at a time), inside a
+caller's transaction (a worker could not see its uncommitted rows, nor be rolled back with
+it), and for a single batch.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import connection, connections
+
+T = TypeVar("T")
+
+# Connections writing one pass's batches at once; the setting MAINTENANCE_BATCH_WORKERS
+# overrides it (1: sequential).
+WORKERS = 2
+# How long the caller's thread waits for a result before it renews the lease anyway (seconds).
+WAIT = 1.0
+
+
+def workers() -> int:
+    return max(1, int(getattr(settings, "MAINTENANCE_BATCH_WORKERS", WORKERS)))
+
+
+def concurrent(batches: int) -> bool:
+    """Whether ``batches`` batches go to worker threads: PostgreSQL, outside a transaction,
+    more than one batch and more than one worker."""
+    return (
+        batches > 1 and workers() > 1 and connection.vendor == "postgresql" and not connection.in_atomic_block
+    )
+
+
+def each_batch(
+    batches: Sequence[Sequence[int]],
+    work: Callable[[Sequence[int]], T | None],
+    heartbeat: Callable[[], None],
+) -> Iterator[T]:
+    """``work(batch)`` for every batch — one transaction each, opened by ``work`` — and the
+    results that are not None, in the order they are done. ``heartbeat`` after each batch, in
+    the caller's thread (it may raise: no further batch is started, and the ones in hand are
+    waited for)."""
+    if not concurrent(len(batches)):
+        for batch in batches:
+            result = work(batch)
+            heartbeat()
+            if result is not None:
+                yield result
+        return
+    pending = iter(batches)
+    take = threading.Lock()
+    stop = threading.Event()
+    # What the workers hand back: ("done", result), ("failed", exception), ("left", None).
+    done: queue.Queue[tuple[str, Any]] = queue.Queue()
+
+    def drain() -> None:
+        try:
+            while not stop.is_set():
+                with take:
+                    batch = next(pending, None)
+                if batch is None:
+                    return
+                done.put(("done", work(batch)))
+        except BaseException as exc:  # handed to the caller's thread, which raises it
+            stop.set()
+            done.put(("failed", exc))
+        finally:
+            connections.close_all()
+            done.put(("left", None))
+
+    threads = [
+        threading.Thread(
+            target=contextvars.copy_context().run, args=(drain,), name=f"batch-worker-{n}", daemon=True
+        )
+        for n in range(min(workers(), len(batches)))
+    ]
+    for thread in threads:
+        thread.start()
+    running = len(threads)
+    try:
+        while running:
+            try:
+                what, value = done.get(timeout=WAIT)
+            except queue.Empty:
+                heartbeat()
+                continue
+            if what == "failed":
+                raise value
+            if what == "left":
+                running -= 1
+                continue
+            heartbeat()
+            if value is not None:
+                yield value
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()

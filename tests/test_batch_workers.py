@@ -1,0 +1,198 @@
+"""A pass's batches written over several connections at once (``maintenance.batch_workers``):
+on PostgreSQL, outside a caller's transaction, each batch is still one transaction of its own
+on a worker thread's connection; the run's result is the one a sequential apply gives, a
+failing batch stops the pass with every batch whole, and the workers' connections are closed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+
+from maintenance import batch_workers, pass_tools, passes
+from maintenance.models import MaintenanceRun
+from maintenance.run_start import run_maintenance
+from memory import new_entries
+from memory.models import Entry, LifecycleEvent, Tombstone
+from memory.policy import PolicyValues
+
+pytestmark = pytest.mark.django_db(transaction=True)
+postgresql = pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="only PostgreSQL writes a pass's batches from several connections",
+)
+
+
+def _backend() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    return int(pid)
+
+
+def _make(workspace, now, n: int, *, age_days: float, **fields) -> list[int]:
+    ids = []
+    for i in range(n):
+        entry = new_entries.entry_create(
+            workspace=workspace,
+            content=f"note {i} of {age_days} days about the retry budget of job {i * 7919 % 1000}",
+            created_at=now - timedelta(days=age_days),
+            now=now - timedelta(days=age_days),
+        )
+        ids.append(entry.pk)
+    Entry.objects.filter(pk__in=ids).update(**fields)
+    return sorted(ids)
+
+
+def _idle(workspace, now, n: int) -> list[int]:
+    """Semantic entries nobody read or changed for 100 days: a full run marks them stale."""
+    return _make(workspace, now, n, age_days=100, tier="semantic", updated_at=now - timedelta(days=100))
+
+
+def _context(workspace, now, *, batch_size: int = 2, renew=lambda: True) -> pass_tools.RunContext:
+    run_row = MaintenanceRun.objects.create(workspace=workspace, kind="full", trigger="cli", started_at=now)
+    return pass_tools.RunContext(
+        workspace=workspace, now=now, policy=PolicyValues(), run=run_row, batch_size=batch_size, renew=renew
+    )
+
+
+@postgresql
+def test_every_batch_is_written_once_from_several_connections_which_are_closed_after(
+    workspace, now, settings
+):
+    settings.MAINTENANCE_BATCH_WORKERS = 3
+    ids = _idle(workspace, now, 24)
+    seen: list[tuple[int, int, tuple[int, ...]]] = []
+    lock = threading.Lock()
+    original = pass_tools._locked_rows
+
+    def spy(candidates, fields, batch):
+        rows = original(candidates, fields, batch)
+        with lock:
+            seen.append((threading.get_ident(), _backend(), tuple(batch)))
+        return rows
+
+    mine = _backend()
+    ctx = _context(workspace, now)
+    passes.score(ctx)
+    try:
+        pass_tools._locked_rows = spy
+        result = passes.mark_stale(ctx)
+    finally:
+        pass_tools._locked_rows = original
+    assert result.ids == ids and result.count == 24
+    assert sorted(i for _, _, batch in seen for i in batch) == ids  # each batch once
+    backends = {pid for _, pid, _ in seen}
+    assert len(backends) >= 2 and mine not in backends
+    assert threading.get_ident() not in {thread for thread, _, _ in seen}
+    assert set(Entry.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"stale"}
+    events = LifecycleEvent.objects.filter(run=ctx.run, to_status="stale")
+    assert sorted(events.values_list("entry_ref", flat=True)) == ids
+    # The workers' sessions were handed back: closed, or idle in the connection pool (a server
+    # process ends shortly after its client leaves); none is left inside a transaction.
+    deadline = time.monotonic() + 10
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s) AND state <> 'idle'",
+                [sorted(backends)],
+            )
+            busy = cursor.fetchone()[0]
+        if not busy or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert busy == 0
+
+
+@postgresql
+def test_a_failing_batch_stops_the_pass_and_leaves_every_batch_whole(workspace, now, settings):
+    settings.MAINTENANCE_BATCH_WORKERS = 2
+    ids = _make(workspace, now, 40, age_days=200)  # episodic and cold: the decay pass tombstones them
+    ctx = _context(workspace, now)
+    passes.score(ctx)
+    original = pass_tools._locked_rows
+    calls = []
+
+    def failing(candidates, fields, batch):
+        rows = original(candidates, fields, batch)
+        calls.append(batch)
+        if len(calls) == 6:
+            raise RuntimeError("the server went away in the middle of a batch")
+        return rows
+
+    try:
+        pass_tools._locked_rows = failing
+        with pytest.raises(RuntimeError, match="went away"):
+            passes.decay(ctx)
+    finally:
+        pass_tools._locked_rows = original
+    assert len(calls) < 20  # stopped before the last batches
+    tombstoned = set(Entry.objects.filter(pk__in=ids, status="tombstoned").values_list("pk", flat=True))
+    # Every batch whole: an entry is tombstoned exactly when its event and Tombstone exist.
+    assert tombstoned == set(LifecycleEvent.objects.filter(run=ctx.run).values_list("entry_ref", flat=True))
+    assert tombstoned == set(Tombstone.objects.filter(run=ctx.run).values_list("entry_id", flat=True))
+    assert len(tombstoned) % 2 == 0 and 0 < len(tombstoned) < len(ids)
+
+
+@postgresql
+def test_a_lost_lease_stops_the_batches_in_the_callers_thread(workspace, now, settings):
+    settings.MAINTENANCE_BATCH_WORKERS = 2
+    ids = _idle(workspace, now, 60)
+    renewals: list[int] = []
+
+    def renew() -> bool:
+        renewals.append(threading.get_ident())
+        return len(renewals) < 4
+
+    ctx = _context(workspace, now)
+    passes.score(ctx)
+    ctx.renew = renew
+    with pytest.raises(pass_tools.LeaseLost):
+        passes.mark_stale(ctx)
+    assert set(renewals) == {threading.get_ident()}
+    stale = set(Entry.objects.filter(pk__in=ids, status="stale").values_list("pk", flat=True))
+    assert stale == set(LifecycleEvent.objects.filter(run=ctx.run).values_list("entry_ref", flat=True))
+    assert 0 < len(stale) < len(ids)
+
+
+def test_inside_a_callers_transaction_or_on_sqlite_the_batches_stay_in_its_connection(
+    workspace, now, settings
+):
+    settings.MAINTENANCE_BATCH_WORKERS = 2
+    ids = _idle(workspace, now, 8)
+    threads = set()
+    original = pass_tools._locked_rows
+
+    def spy(candidates, fields, batch):
+        threads.add(threading.get_ident())
+        return original(candidates, fields, batch)
+
+    ctx = _context(workspace, now)
+    passes.score(ctx)
+    try:
+        pass_tools._locked_rows = spy
+        with transaction.atomic():
+            assert not batch_workers.concurrent(4)
+            result = passes.mark_stale(ctx)
+    finally:
+        pass_tools._locked_rows = original
+    assert result.ids == ids and threads == {threading.get_ident()}
+    assert batch_workers.concurrent(4) == (connection.vendor == "postgresql")
+    settings.MAINTENANCE_BATCH_WORKERS = 1
+    assert not batch_workers.concurrent(4)
+
+
+def test_a_run_over_several_connections_applies_exactly_what_its_dry_run_reported(workspace, now, settings):
+    """The guarantee of a dry run, with the apply's batches on worker threads (PostgreSQL)."""
+    settings.MAINTENANCE_BATCH_WORKERS = 2
+    _idle(workspace, now, 14)
+    _make(workspace, now, 14, age_days=200)
+    dry = run_maintenance(workspace=workspace, now=now, dry_run=True, force=True, batch_size=2)
+    real = run_maintenance(workspace=workspace, now=now, force=True, batch_size=2)
+    assert real["status"] == "succeeded"
+    assert real["counts"] == dry["counts"] and real["affected"] == dry["affected"]
+    # Both kinds idle for 100 days are marked stale; the episodic ones, cold, are evicted.
+    assert real["counts"]["stale_marked"] == 28 and real["counts"]["evicted"] == 14
