@@ -30,7 +30,7 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.expressions import Combinable
+from django.db.models.expressions import Combinable, RawSQL
 from django.db.models.functions import Cast, Coalesce, Exp, Greatest, Least, Ln
 
 from memory import rawsql, scoring
@@ -135,7 +135,12 @@ def anchor_multiplier_expr() -> Coalesce:
     return Coalesce(Subquery(sub, output_field=FloatField()), _f(1.0))
 
 
-def importance_expr(now_epoch: float, live_since: datetime | None = None) -> Greatest:
+def importance_expr(
+    now_epoch: float, live_since: datetime | None = None, *, joined: bool = False
+) -> Greatest:
+    """SPEC's importance of each row. Its counted inputs — live links, causal links, the worst
+    anchor — are subqueries per row, or with ``joined`` columns of the per-workspace aggregates
+    ``_joined_inputs`` adds to the statement (a whole workspace at once)."""
     significance = Greatest(
         Coalesce(F("impact_score"), _f(0.0)),
         Case(
@@ -147,13 +152,14 @@ def importance_expr(now_epoch: float, live_since: datetime | None = None) -> Gre
             output_field=FloatField(),
         ),
     ) * _f(scoring.W_SIGNIFICANCE)
-    relationships = Least(
-        _float(relationship_count_expr(live_since=live_since)) / _f(scoring.RELATIONSHIPS_CAP), _f(1.0)
-    ) * _f(scoring.W_RELATIONSHIPS)
-    causal = Least(
-        _float(relationship_count_expr(causal_only=True, live_since=live_since)) / _f(scoring.CAUSAL_CAP),
-        _f(1.0),
-    ) * _f(scoring.W_CAUSAL)
+    links = _joined("live", 0) if joined else relationship_count_expr(live_since=live_since)
+    causal_links = (
+        _joined("causal", 0) if joined else relationship_count_expr(causal_only=True, live_since=live_since)
+    )
+    relationships = Least(_float(links) / _f(scoring.RELATIONSHIPS_CAP), _f(1.0)) * _f(
+        scoring.W_RELATIONSHIPS
+    )
+    causal = Least(_float(causal_links) / _f(scoring.CAUSAL_CAP), _f(1.0)) * _f(scoring.W_CAUSAL)
     recency = Greatest(_f(0.0), _f(1.0) - _age_days("created_at", now_epoch) / _f(scoring.RECENCY_DAYS)) * _f(
         scoring.W_RECENCY
     )
@@ -167,7 +173,8 @@ def importance_expr(now_epoch: float, live_since: datetime | None = None) -> Gre
             output_field=FloatField(),
         )
     )
-    total = (significance + relationships + causal + recency) * anchor_multiplier_expr() * trust
+    anchor = _joined("worst_anchor", 1.0) if joined else anchor_multiplier_expr()
+    total = (significance + relationships + causal + recency) * anchor * trust
     return Greatest(_f(0.0), Least(_f(1.0), total))
 
 
@@ -175,10 +182,13 @@ def readers_expr() -> Coalesce:
     return _count(EntryAccess.objects.filter(lineage_id=OuterRef("lineage_id")), "lineage_id")
 
 
-def retention_expr(now_epoch: float, params: DecayParams) -> Any:
+def retention_expr(now_epoch: float, params: DecayParams, *, joined: bool = False) -> Any:
+    """SPEC's retention of each row; its readers counted per row, or with ``joined`` read from
+    the per-workspace aggregate ``_joined_inputs`` adds to the statement."""
     salience = Coalesce(F("salience"), _f(params.salience_default))
     time_term = salience * _exp(_f(-params.lam) * _age_days("created_at", now_epoch))
-    breadth = _f(1.0) + _f(params.breadth_weight) * Ln(Greatest(_float(readers_expr()), _f(1.0)))
+    readers = _joined("readers", 0) if joined else readers_expr()
+    breadth = _f(1.0) + _f(params.breadth_weight) * Ln(Greatest(_float(readers), _f(1.0)))
     access_term = (
         _f(params.sigma)
         * Ln(_f(1.0) + _float(F("access_count")))
@@ -190,6 +200,88 @@ def retention_expr(now_epoch: float, params: DecayParams) -> Any:
         default=_f(0.0),
         output_field=FloatField(),
     )
+
+
+# --- a whole workspace's inputs, aggregated once --------------------------------------------
+
+# The aggregates ``_joined_inputs`` joins, by alias, and the column each input is read from.
+_JOINED = {
+    "live": "score_links",
+    "causal": "score_links",
+    "worst_anchor": "score_anchors",
+    "readers": "score_readers",
+}
+
+
+def _joined(column: str, missing: float) -> Any:
+    """An input of the score formulas read from its joined aggregate (``_joined_inputs``);
+    ``missing`` where the entry has no row there (no link, no anchor, no reader)."""
+    return RawSQL(f"COALESCE({_JOINED[column]}.{column}, %s)", (missing,), output_field=FloatField())
+
+
+def _joined_inputs(workspace_id: int, live_since: datetime | None) -> tuple[str, list[Any]]:
+    """The LEFT JOINs that give every entry of the workspace its counted score inputs, each
+    table read once and aggregated per entry (PostgreSQL hashes them): the same counts as
+    ``relationship_count_expr``, ``anchor_multiplier_expr`` and ``readers_expr``, which look
+    them up per row — about six index lookups for each entry, most of a whole-workspace score
+    pass (bench/reports/maintenance.md, "A pass's batches over two connections; the scores'
+    inputs aggregated once"). A link, an anchor and an access belong to the workspace of the
+    entry they name (every writer sets it from that entry), so each table is read by its
+    workspace."""
+    entry, link = functools.partial(rawsql.column, Entry), functools.partial(rawsql.column, Relationship)
+    anchor, access = (
+        functools.partial(rawsql.column, CodeAnchor),
+        functools.partial(rawsql.column, EntryAccess),
+    )
+    listed = ", ".join(["%s"] * len(LISTED_STATUSES))
+    causal = ", ".join(["%s"] * len(CAUSAL_TYPES))
+
+    def side(near: str, far: str) -> tuple[str, list[Any]]:
+        end = f"t.{entry('is_latest')} AND (t.{entry('status')} IN ({listed})"
+        end_params: list[Any] = [*LISTED_STATUSES]
+        if live_since is not None:
+            end += f" OR (t.{entry('status')} = %s AND t.{entry('status_changed_at')} >= %s)"
+            end_params += [Status.TOMBSTONED, live_since]
+        end += ")"
+        sql = (
+            f"SELECT r.{link(near)} AS entry_id, count(*) AS live,"
+            f" count(*) FILTER (WHERE r.{link('type')} IN ({causal})) AS causal"
+            f" FROM {rawsql.table(Relationship)} r"
+            f" JOIN {rawsql.table(Entry)} t ON t.{entry('id')} = r.{link(far)}"
+            f" WHERE r.{link('workspace')} = %s AND r.{link('pruned_at')} IS NULL AND {end}"
+            f" GROUP BY r.{link(near)}"
+        )
+        return sql, [*CAUSAL_TYPES, workspace_id, *end_params]
+
+    out_sql, out_params = side("from_entry", "to_entry")
+    in_sql, in_params = side("to_entry", "from_entry")
+    multiplier = scoring.ANCHOR_MULTIPLIER
+    outer = f"{rawsql.table(Entry)}.{entry('id')}"
+    sql = (
+        f" LEFT JOIN (SELECT x.entry_id, sum(x.live)::bigint AS live, sum(x.causal)::bigint AS causal"
+        f" FROM ({out_sql} UNION ALL {in_sql}) x GROUP BY x.entry_id) score_links"
+        f" ON score_links.entry_id = {outer}"
+        f" LEFT JOIN (SELECT a.{anchor('entry')} AS entry_id, min(CASE WHEN a.{anchor('status')} = %s THEN %s"
+        f" WHEN a.{anchor('status')} = %s THEN %s ELSE %s END) AS worst_anchor"
+        f" FROM {rawsql.table(CodeAnchor)} a WHERE a.{anchor('workspace')} = %s"
+        f" GROUP BY a.{anchor('entry')}) score_anchors ON score_anchors.entry_id = {outer}"
+        f" LEFT JOIN (SELECT c.{access('lineage_id')} AS lineage_id, count(*) AS readers"
+        f" FROM {rawsql.table(EntryAccess)} c WHERE c.{access('workspace')} = %s"
+        f" GROUP BY c.{access('lineage_id')}) score_readers"
+        f" ON score_readers.lineage_id = {rawsql.table(Entry)}.{entry('lineage_id')}"
+    )
+    params = [
+        *out_params,
+        *in_params,
+        AnchorStatus.INVALIDATED,
+        multiplier["invalidated"],
+        AnchorStatus.STALE,
+        multiplier["stale"],
+        1.0,
+        workspace_id,
+        workspace_id,
+    ]
+    return sql, params
 
 
 PLAN_TABLE = "maintenance_planscore"  # maintenance.models.PlanScore, a temporary table
@@ -214,23 +306,47 @@ def _temp_name() -> str:
 
 
 def _scores_sql(
-    workspace: Workspace | int, *, now: datetime, params: DecayParams, live_since: datetime | None
+    workspace: Workspace | int,
+    *,
+    now: datetime,
+    params: DecayParams,
+    live_since: datetime | None,
+    joined: bool | None = None,
 ) -> tuple[str, tuple[Any, ...]]:
     """SELECT id, importance, retention of every latest entry of the workspace (one statement,
-    the expressions ``refresh_scores`` writes)."""
+    the expressions ``refresh_scores`` writes). On PostgreSQL the counted inputs come from
+    per-workspace aggregates joined once (``_joined_inputs``); SQLite, which joins by nested
+    loops only, looks them up per row (``joined`` chooses otherwise: a test compares both)."""
     now_epoch = now.timestamp()
+    if joined is None:
+        joined = connection.vendor == "postgresql"
+    if joined and connection.vendor != "postgresql":
+        raise ValueError("the joined score inputs are written for PostgreSQL")
     qs = (
         Entry.objects.filter(workspace=workspace, is_latest=True)
         .annotate(
             s_id=F("pk"),
-            plan_importance=importance_expr(now_epoch, live_since),
-            plan_retention=retention_expr(now_epoch, params),
+            plan_importance=importance_expr(now_epoch, live_since, joined=joined),
+            plan_retention=retention_expr(now_epoch, params, joined=joined),
             s_stored=F("importance"),
         )
         .order_by()
         .values_list("s_id", "plan_importance", "plan_retention", "s_stored")
     )
-    return qs.query.sql_with_params()
+    sql, sql_params = qs.query.sql_with_params()
+    if not joined:
+        return sql, sql_params
+    # The joins go between the table and the WHERE: the select list's parameters come first.
+    anchor = f" FROM {rawsql.table(Entry)} WHERE "
+    if sql.count(anchor) != 1:
+        raise AssertionError(f"the score statement does not read {rawsql.table(Entry)} alone: {sql}")
+    head, tail = sql.split(anchor)
+    joins, join_params = _joined_inputs(workspace if isinstance(workspace, int) else workspace.pk, live_since)
+    at = head.count("%s")
+    return (
+        f"{head} FROM {rawsql.table(Entry)}{joins} WHERE {tail}",
+        (*sql_params[:at], *join_params, *sql_params[at:]),
+    )
 
 
 @dataclass(frozen=True)

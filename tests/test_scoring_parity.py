@@ -806,3 +806,40 @@ def test_a_dry_run_counts_the_orphans_the_real_run_leaves(workspace, now):
     left = after.filter(status__in=ORPHAN_STATUSES, importance__lt=ORPHAN_IMPORTANCE).count()
     assert after.filter(status="tombstoned", importance__lt=ORPHAN_IMPORTANCE).exists()
     assert 0 < left == dry["counts"]["orphans"] == real["counts"]["orphans"]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="only PostgreSQL aggregates the inputs once")
+@pytest.mark.parametrize("seed", [5, 6])
+def test_a_whole_workspace_s_inputs_aggregated_once_score_exactly_as_looked_up_per_entry(
+    workspace, other_workspace, now, seed
+):
+    """On PostgreSQL a whole workspace's scores read their counted inputs — live and causal
+    links, the worst anchor, the readers — from per-workspace aggregates joined once, instead of
+    looking them up per entry. Both statements give every entry exactly the same scores, with a
+    run's clock too (a link's end tombstoned at or after it still counts), and the other
+    workspace's links, anchors and readers count for nobody here."""
+    from memory.scoring_db import _scores_sql
+
+    rnd = random.Random(seed)
+    _build(workspace, [_entry_spec(rnd) for _ in range(160)], [_link_spec(rnd) for _ in range(400)], now)
+    _build(other_workspace, [_entry_spec(rnd) for _ in range(60)], [_link_spec(rnd) for _ in range(150)], now)
+    # Ends tombstoned just before, at and after the run's clock.
+    ends = list(Entry.objects.filter(workspace=workspace, is_latest=True).values_list("pk", flat=True)[:30])
+    for n, pk in enumerate(ends):
+        Entry.objects.filter(pk=pk).update(
+            status="tombstoned", status_changed_at=now + timedelta(microseconds=n % 3 - 1)
+        )
+    params = DecayParams(lam=0.03, breadth_weight=0.7)
+
+    def scores(joined: bool, live_since):
+        sql, sql_params = _scores_sql(workspace, now=now, params=params, live_since=live_since, joined=joined)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, sql_params)
+            return sorted(cursor.fetchall())
+
+    for live_since in (None, now):
+        looked_up = scores(False, live_since)
+        assert len(looked_up) == Entry.objects.filter(workspace=workspace, is_latest=True).count()
+        assert scores(True, live_since) == looked_up
+    # The inputs mattered: links, anchors and readers moved the scores of some entries.
+    assert len({imp for _, imp, _, _ in scores(True, now)}) > 100
