@@ -60,6 +60,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -106,12 +107,29 @@ def log(msg: str) -> None:
 
 
 class Counter:
+    """The statements a child issues, on its own connection and on those its threads open (a
+    run's batch workers: ``maintenance.batch_workers``)."""
+
     def __init__(self) -> None:
         self.n = 0
+        self.lock = threading.Lock()
 
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        self.n += 1
+        with self.lock:
+            self.n += 1
         return execute(sql, params, many, context)
+
+    def watch_threads(self) -> None:
+        """Count on every connection a thread other than the caller's opens, from now on."""
+        from django.db.backends.signals import connection_created
+
+        main = threading.get_ident()
+
+        def count(sender: Any, connection: Any, **kwargs: Any) -> None:
+            if threading.get_ident() != main and self not in connection.execute_wrappers:
+                connection.execute_wrappers.append(self)
+
+        connection_created.connect(count, weak=False)
 
 
 def _rss_mb() -> float:
@@ -130,6 +148,7 @@ def child(op: str, slug: str, arg: str) -> dict[str, Any]:
 
     ws = Workspace.objects.get(slug=slug)
     counter = Counter()
+    counter.watch_threads()
     out: dict[str, Any] = {"rss_start_mb": _rss_mb(), "load_before": os.getloadavg()}
     t0 = time.perf_counter()
     with connection.execute_wrapper(counter):

@@ -145,11 +145,12 @@ def archive_low_quality(ctx: RunContext, *, only: Iterable[int] | None = None) -
             picked.update(_low_quality_picks(ctx, base.filter(pk__any_of=chunk)))
     result = PassResult()
     ids = sorted(picked)
-    for start in range(0, len(ids), ctx.batch_size):
-        chunk = ids[start : start + ctx.batch_size]
+    # Some thousands of ids to a candidate set, each moved in the transition's batches (on
+    # PostgreSQL several at once: ``maintenance.batch_workers``).
+    for chunk in chunks(ids, ONLY_CHUNK):
         done = transition(
             ctx,
-            unprotected(latest(ctx).filter(status_in([Status.ACTIVE]), pk__in=chunk), ctx),
+            unprotected(latest(ctx).filter(status_in([Status.ACTIVE]), pk__any_of=chunk), ctx),
             to_status=Status.ARCHIVED,
             reason="low_quality",
             details_of={i: _details(picked[i]) for i in chunk},

@@ -35,6 +35,7 @@ from maintenance.pass_tools import (
 )
 from maintenance.plan_status import status_in
 from memory import lifecycle, rawsql
+from memory.bulk_insert import chunks
 from memory.models import Entry, EntryAccess, LifecycleEvent, Relationship, Tag, Tombstone, Workspace
 from memory.models.choices import LISTED_STATUSES, EntryType, StagedClass, Status, Tier, TombstoneReason
 from memory.policy import PolicyValues
@@ -342,19 +343,17 @@ def prune_links(ctx: RunContext) -> PassResult:
         pruned_at__isnull=True,
     )
     result = PassResult()
-    last = 0
-    while True:
+    # The candidates' ids read once, then each batch locked and re-checked by its ids: a keyset
+    # walk (``pk > last``, LIMIT) joined both ends' entries again for every batch, 0.7 s each at
+    # 1,000,000 entries once the earlier passes had changed most of them.
+    for batch in chunks(list(candidates.order_by("pk").values_list("pk", flat=True)), ctx.batch_size):
         with transaction.atomic():
-            ids = list(
-                candidates.filter(pk__gt=last).order_by("pk").values_list("pk", flat=True)[: ctx.batch_size]
-            )
-            if not ids:
-                break
-            if not result.ids:
-                ctx.before_destructive()
-            last = ids[-1]
-            Relationship.objects.filter(pk__in=ids).update(pruned_at=ctx.now, pruned_by_run=ctx.run)
-            result.ids += ids
+            ids = list(candidates.filter(pk__any_of=batch).order_by("pk").values_list("pk", flat=True))
+            if ids:
+                if not result.ids:
+                    ctx.before_destructive()
+                Relationship.objects.filter(pk__any_of=ids).update(pruned_at=ctx.now, pruned_by_run=ctx.run)
+                result.ids += ids
         ctx.heartbeat()
     result.count = len(result.ids)
     return result

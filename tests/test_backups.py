@@ -522,6 +522,30 @@ def test_force_overwrites_newer_data_and_keeps_what_was_written_after_the_backup
         assert [r for r in after[name] if r["id"] in backed_up] == before[name], name
 
 
+def test_a_version_latest_now_but_not_in_the_backup_is_put_back_as_the_backup_holds_it(workspace, now):
+    """The backup holds an older version (not latest) and its lineage's latest one; since then
+    the older one became latest in its place. The restore puts both back as they were — one
+    latest row per lineage, every column as backed up — whether it compares the row by its
+    digest (PostgreSQL) or itself."""
+    made = populate(workspace, now)
+    older = made["first"]
+    assert not Entry.objects.get(pk=older.pk).is_latest
+    before = dump(workspace)
+    path = backup_path(backups.write_backup(workspace, now=now))
+    Entry.objects.filter(pk=made["latest"].pk).update(is_latest=False)
+    Entry.objects.filter(pk=older.pk).update(is_latest=True)
+
+    restore.restore_backup(path, force=True)
+
+    assert Entry.objects.get(pk=older.pk).is_latest is False
+    assert Entry.objects.get(pk=made["latest"].pk).is_latest is True
+    latest_per_lineage = Entry.objects.filter(workspace=workspace, is_latest=True).values_list(
+        "lineage_id", flat=True
+    )
+    assert len(latest_per_lineage) == len(set(latest_per_lineage))
+    assert dump(workspace) == before
+
+
 def test_entries_written_after_the_backup_are_kept_without_force(workspace, now):
     populate(workspace, now)
     path = backup_path(backups.write_backup(workspace, now=now))
