@@ -145,12 +145,15 @@ def archive_low_quality(ctx: RunContext, *, only: Iterable[int] | None = None) -
             picked.update(_low_quality_picks(ctx, base.filter(pk__any_of=chunk)))
     result = PassResult()
     ids = sorted(picked)
-    # Some thousands of ids to a candidate set, each moved in the transition's batches (on
-    # PostgreSQL several at once: ``maintenance.batch_workers``).
-    for chunk in chunks(ids, ONLY_CHUNK):
+    # One batch to a transition, in the run's thread: the same rule over some thousands of ids
+    # with each batch re-checked by the workers (``maintenance.batch_workers``) took ~1 s a
+    # batch at 1,000,000 entries (10 s against 3 s for the pass; bench/reports/maintenance.md,
+    # "A pass's batches over two connections").
+    for start in range(0, len(ids), ctx.batch_size):
+        chunk = ids[start : start + ctx.batch_size]
         done = transition(
             ctx,
-            unprotected(latest(ctx).filter(status_in([Status.ACTIVE]), pk__any_of=chunk), ctx),
+            unprotected(latest(ctx).filter(status_in([Status.ACTIVE]), pk__in=chunk), ctx),
             to_status=Status.ARCHIVED,
             reason="low_quality",
             details_of={i: _details(picked[i]) for i in chunk},
