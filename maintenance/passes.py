@@ -343,23 +343,35 @@ def prune_links(ctx: RunContext) -> PassResult:
         pruned_at__isnull=True,
     )
     result = PassResult()
-    # The candidates' ids read once, then each batch locked and re-checked by its ids: a keyset
-    # walk (``pk > last``, LIMIT) joined both ends' entries again for every batch, 0.7 s each at
-    # 1,000,000 entries once the earlier passes had changed most of them.
-    for batch in chunks(list(candidates.order_by("pk").values_list("pk", flat=True)), ctx.batch_size):
-        with transaction.atomic():
-            # A plan is one transaction rolled back: nothing it would re-check can matter.
-            ids = (
-                list(batch)
-                if ctx.planning
-                else list(candidates.filter(pk__any_of=batch).order_by("pk").values_list("pk", flat=True))
-            )
-            if ids:
-                if not result.ids:
-                    ctx.before_destructive()
-                Relationship.objects.filter(pk__any_of=ids).update(pruned_at=ctx.now, pruned_by_run=ctx.run)
-                result.ids += ids
-        ctx.heartbeat()
+
+    def prune_batch(ids: list[int]) -> None:
+        if ids:
+            if not result.ids:
+                ctx.before_destructive()
+            Relationship.objects.filter(pk__any_of=ids).update(pruned_at=ctx.now, pruned_by_run=ctx.run)
+            result.ids.extend(ids)
+
+    if ctx.planning:
+        # A keyset walk (``pk > last``, LIMIT): in a plan, whose statuses are read through its
+        # overlay, one read of every candidate took twice as long (1.9 against 1.0 s at
+        # 1,000,000 entries). A plan is rolled back: there is nothing to re-check.
+        while ids := list(
+            candidates.filter(pk__gt=result.ids[-1] if result.ids else 0)
+            .order_by("pk")
+            .values_list("pk", flat=True)[: ctx.batch_size]
+        ):
+            prune_batch(ids)
+            ctx.heartbeat()
+    else:
+        # The candidates' ids read once, then each batch re-checked by its ids: the keyset walk
+        # joined both ends' entries again for every batch, 0.7 s each once the earlier passes
+        # had changed most of them (4.8 s against 2.9 s at 1,000,000 entries).
+        for batch in chunks(list(candidates.order_by("pk").values_list("pk", flat=True)), ctx.batch_size):
+            with transaction.atomic():
+                prune_batch(
+                    list(candidates.filter(pk__any_of=batch).order_by("pk").values_list("pk", flat=True))
+                )
+            ctx.heartbeat()
     result.count = len(result.ids)
     return result
 
