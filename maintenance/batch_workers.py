@@ -23,7 +23,9 @@ it), and for a single batch.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -33,6 +35,7 @@ from django.conf import settings
 from django.db import connection, connections
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # Connections writing one pass's batches at once; the setting MAINTENANCE_BATCH_WORKERS
 # overrides it (1: sequential).
@@ -74,6 +77,8 @@ def each_batch(
     stop = threading.Event()
     # What the workers hand back: ("done", result), ("failed", exception), ("left", None).
     done: queue.Queue[tuple[str, Any]] = queue.Queue()
+    # Each worker's driver connection, for the caller's thread to cancel a statement in flight.
+    sessions: dict[int, Any] = {}
 
     def drain() -> None:
         try:
@@ -82,24 +87,30 @@ def each_batch(
                     batch = next(pending, None)
                 if batch is None:
                     return
+                connection.ensure_connection()
+                sessions[threading.get_ident()] = connection.connection
                 done.put(("done", work(batch)))
         except BaseException as exc:  # handed to the caller's thread, which raises it
             stop.set()
             done.put(("failed", exc))
         finally:
-            connections.close_all()
+            sessions.pop(threading.get_ident(), None)
+            try:
+                connections.close_all()
+            except Exception:  # a broken session: the pool discards it
+                log.warning("a batch worker's connection could not be closed", exc_info=True)
             done.put(("left", None))
 
-    threads = [
-        threading.Thread(
-            target=contextvars.copy_context().run, args=(drain,), name=f"batch-worker-{n}", daemon=True
-        )
-        for n in range(min(workers(), len(batches)))
-    ]
-    for thread in threads:
-        thread.start()
-    running = len(threads)
+    threads: list[threading.Thread] = []
+    finished = False
     try:
+        for n in range(min(workers(), len(batches))):
+            thread = threading.Thread(
+                target=contextvars.copy_context().run, args=(drain,), name=f"batch-worker-{n}", daemon=True
+            )
+            thread.start()
+            threads.append(thread)
+        running = len(threads)
         while running:
             try:
                 what, value = done.get(timeout=WAIT)
@@ -114,7 +125,14 @@ def each_batch(
             heartbeat()
             if value is not None:
                 yield value
+        finished = True
     finally:
         stop.set()
+        if not finished:
+            # Stopped (a signal, a lost lease, a failed batch): the statements in flight are
+            # cancelled, so their batches roll back at once instead of running on unwatched.
+            for session in list(sessions.values()):
+                with contextlib.suppress(Exception):  # the session ended meanwhile
+                    session.cancel()
         for thread in threads:
             thread.join()

@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from maintenance import batch_workers, pass_tools, passes
 from maintenance.models import MaintenanceRun
 from maintenance.run_start import run_maintenance
-from memory import new_entries
+from memory import lifecycle, new_entries
 from memory.models import Entry, LifecycleEvent, Tombstone
 from memory.policy import PolicyValues
 
@@ -107,34 +107,99 @@ def test_every_batch_is_written_once_from_several_connections_which_are_closed_a
     assert busy == 0
 
 
+def _settled(run) -> tuple[int, int, int]:
+    """No batch worker is left, and what the run wrote stays as it is a moment later."""
+    assert not [t for t in threading.enumerate() if t.name.startswith("batch-worker-")]
+
+    def counts() -> tuple[int, int, int]:
+        return (
+            Entry.objects.filter(status="tombstoned").count() + Entry.objects.filter(status="stale").count(),
+            LifecycleEvent.objects.filter(run=run).count(),
+            Tombstone.objects.filter(run=run).count(),
+        )
+
+    first = counts()
+    time.sleep(0.3)
+    assert counts() == first
+    return first
+
+
 @postgresql
-def test_a_failing_batch_stops_the_pass_and_leaves_every_batch_whole(workspace, now, settings):
+def test_a_batch_failing_half_way_stops_the_pass_and_leaves_every_batch_whole(workspace, now, settings):
+    """A batch fails after writing its events and Tombstones, before its status UPDATE: it
+    rolls back whole, the other worker's batch in flight is cancelled or committed whole, and
+    no further batch starts."""
     settings.MAINTENANCE_BATCH_WORKERS = 2
     ids = _make(workspace, now, 40, age_days=200)  # episodic and cold: the decay pass tombstones them
     ctx = _context(workspace, now)
     passes.score(ctx)
-    original = pass_tools._locked_rows
+    original = lifecycle._tombstones
     calls = []
 
-    def failing(candidates, fields, batch):
-        rows = original(candidates, fields, batch)
-        calls.append(batch)
+    def failing(*args, **kwargs):
+        original(*args, **kwargs)
+        calls.append(1)
         if len(calls) == 6:
             raise RuntimeError("the server went away in the middle of a batch")
-        return rows
 
     try:
-        pass_tools._locked_rows = failing
+        lifecycle._tombstones = failing
         with pytest.raises(RuntimeError, match="went away"):
             passes.decay(ctx)
     finally:
-        pass_tools._locked_rows = original
+        lifecycle._tombstones = original
+    _settled(ctx.run)
     assert len(calls) < 20  # stopped before the last batches
     tombstoned = set(Entry.objects.filter(pk__in=ids, status="tombstoned").values_list("pk", flat=True))
     # Every batch whole: an entry is tombstoned exactly when its event and Tombstone exist.
     assert tombstoned == set(LifecycleEvent.objects.filter(run=ctx.run).values_list("entry_ref", flat=True))
     assert tombstoned == set(Tombstone.objects.filter(run=ctx.run).values_list("entry_id", flat=True))
     assert len(tombstoned) % 2 == 0 and 0 < len(tombstoned) < len(ids)
+
+
+@postgresql
+def test_a_stop_while_the_workers_write_leaves_every_batch_whole(workspace, now, settings):
+    """The worker's stop signal lands in the run's thread (``tasks.WorkerStopping``) while it
+    waits for the batch workers: they take no further batch, the one in flight is cancelled or
+    committed whole, and none is left running."""
+    from maintenance.tasks import WorkerStopping
+
+    settings.MAINTENANCE_BATCH_WORKERS = 2
+    ids = _idle(workspace, now, 60)
+    renewals: list[int] = []
+
+    def renew() -> bool:
+        renewals.append(1)
+        if len(renewals) == 4:
+            raise WorkerStopping("interrupted: the worker was stopped (SIGTERM)")
+        return True
+
+    ctx = _context(workspace, now)
+    passes.score(ctx)
+    ctx.renew = renew
+    with pytest.raises(WorkerStopping):
+        passes.mark_stale(ctx)
+    _settled(ctx.run)
+    stale = set(Entry.objects.filter(pk__in=ids, status="stale").values_list("pk", flat=True))
+    assert stale == set(LifecycleEvent.objects.filter(run=ctx.run).values_list("entry_ref", flat=True))
+    assert 0 < len(stale) < len(ids) and len(stale) % 2 == 0
+
+
+@postgresql
+def test_the_pre_prune_backup_is_taken_once_in_the_run_s_thread_before_any_tombstone(
+    workspace, now, settings
+):
+    settings.MAINTENANCE_BATCH_WORKERS = 2
+    _make(workspace, now, 20, age_days=200)
+    ctx = _context(workspace, now)
+    passes.score(ctx)
+    backups: list[tuple[int, int]] = []
+    ctx.before_destructive = lambda: backups.append(
+        (threading.get_ident(), Tombstone.objects.filter(run=ctx.run).count())
+    )
+    result = passes.decay(ctx)
+    assert result.count == 20
+    assert backups == [(threading.get_ident(), 0)]
 
 
 @postgresql
@@ -152,6 +217,7 @@ def test_a_lost_lease_stops_the_batches_in_the_callers_thread(workspace, now, se
     ctx.renew = renew
     with pytest.raises(pass_tools.LeaseLost):
         passes.mark_stale(ctx)
+    _settled(ctx.run)
     assert set(renewals) == {threading.get_ident()}
     stale = set(Entry.objects.filter(pk__in=ids, status="stale").values_list("pk", flat=True))
     assert stale == set(LifecycleEvent.objects.filter(run=ctx.run).values_list("entry_ref", flat=True))
