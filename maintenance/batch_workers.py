@@ -13,8 +13,8 @@ Every guarantee of a batch holds as before, because every batch is still one tra
 its own: a kill (or a stop: the caller's thread takes the signal, tells the workers to take no
 further batch, cancels their statements in flight and waits for them) leaves no half-applied
 batch; a lease lost or a failed batch stops the pass the same way. What differs is only their
-order of commit, which nothing reads: a pass's ids are sorted at its end. The threads' connections are closed (handed back
-to the pool) when the pass is over.
+order of commit, which nothing reads: a pass's ids are sorted at its end. The threads'
+connections are closed (handed back to the pool) when the pass is over.
 
 Sequential (in the caller's thread and connection) on SQLite (one writer at a time), inside a
 caller's transaction (a worker could not see its uncommitted rows, nor be rolled back with
