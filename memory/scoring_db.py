@@ -117,19 +117,23 @@ def relationship_count_expr(*, causal_only: bool = False, live_since: datetime |
     return _count(out, "from_entry") + _count(inc, "to_entry")
 
 
-def anchor_multiplier_expr() -> Coalesce:
-    """The worst anchor wins: the smallest multiplier among the entry's anchors (none = 1)."""
-    per_anchor = Case(
+def _per_anchor() -> Case:
+    """One anchor's multiplier, by its status."""
+    return Case(
         When(status=AnchorStatus.INVALIDATED, then=_f(scoring.ANCHOR_MULTIPLIER["invalidated"])),
         When(status=AnchorStatus.STALE, then=_f(scoring.ANCHOR_MULTIPLIER["stale"])),
         default=_f(1.0),
         output_field=FloatField(),
     )
+
+
+def anchor_multiplier_expr() -> Coalesce:
+    """The worst anchor wins: the smallest multiplier among the entry's anchors (none = 1)."""
     sub = (
         CodeAnchor.objects.filter(entry=OuterRef("pk"))
         .order_by()
         .values("entry")
-        .annotate(m=Min(per_anchor))
+        .annotate(m=Min(_per_anchor()))
         .values("m")[:1]
     )
     return Coalesce(Subquery(sub, output_field=FloatField()), _f(1.0))
@@ -228,60 +232,45 @@ def _joined_inputs(workspace_id: int, live_since: datetime | None) -> tuple[str,
     inputs aggregated once"). A link, an anchor and an access belong to the workspace of the
     entry they name (every writer sets it from that entry), so each table is read by its
     workspace."""
-    entry, link = functools.partial(rawsql.column, Entry), functools.partial(rawsql.column, Relationship)
-    anchor, access = (
-        functools.partial(rawsql.column, CodeAnchor),
-        functools.partial(rawsql.column, EntryAccess),
-    )
-    listed = ", ".join(["%s"] * len(LISTED_STATUSES))
-    causal = ", ".join(["%s"] * len(CAUSAL_TYPES))
-
-    def side(near: str, far: str) -> tuple[str, list[Any]]:
-        end = f"t.{entry('is_latest')} AND (t.{entry('status')} IN ({listed})"
-        end_params: list[Any] = [*LISTED_STATUSES]
-        if live_since is not None:
-            end += f" OR (t.{entry('status')} = %s AND t.{entry('status_changed_at')} >= %s)"
-            end_params += [Status.TOMBSTONED, live_since]
-        end += ")"
-        sql = (
-            f"SELECT r.{link(near)} AS entry_id, count(*) AS live,"
-            f" count(*) FILTER (WHERE r.{link('type')} IN ({causal})) AS causal"
-            f" FROM {rawsql.table(Relationship)} r"
-            f" JOIN {rawsql.table(Entry)} t ON t.{entry('id')} = r.{link(far)}"
-            f" WHERE r.{link('workspace')} = %s AND r.{link('pruned_at')} IS NULL AND {end}"
-            f" GROUP BY r.{link(near)}"
+    links = [
+        # Per entry, its active links on one side whose other end counts (``counted_end``).
+        Relationship.objects.filter(
+            counted_end(far, live_since), workspace_id=workspace_id, pruned_at__isnull=True
         )
-        return sql, [*CAUSAL_TYPES, workspace_id, *end_params]
-
-    out_sql, out_params = side("from_entry", "to_entry")
-    in_sql, in_params = side("to_entry", "from_entry")
-    multiplier = scoring.ANCHOR_MULTIPLIER
+        .order_by()
+        .values(entry_id=F(near))
+        .annotate(live=Count("pk"), causal=Count("pk", filter=Q(type__in=CAUSAL_TYPES)))
+        .values_list("entry_id", "live", "causal")
+        .query.sql_with_params()
+        for near, far in (("from_entry", "to_entry"), ("to_entry", "from_entry"))
+    ]
+    anchors = (
+        CodeAnchor.objects.filter(workspace_id=workspace_id)
+        .order_by()
+        .values(entry_ref=F("entry"))
+        .annotate(worst_anchor=Min(_per_anchor()))
+        .values_list("entry_ref", "worst_anchor")
+        .query.sql_with_params()
+    )
+    readers = (
+        EntryAccess.objects.filter(workspace_id=workspace_id)
+        .order_by()
+        .values("lineage_id")
+        .annotate(readers=Count("pk"))
+        .values_list("lineage_id", "readers")
+        .query.sql_with_params()
+    )
+    entry = functools.partial(rawsql.column, Entry)
     outer = f"{rawsql.table(Entry)}.{entry('id')}"
     sql = (
         f" LEFT JOIN (SELECT x.entry_id, sum(x.live)::bigint AS live, sum(x.causal)::bigint AS causal"
-        f" FROM ({out_sql} UNION ALL {in_sql}) x GROUP BY x.entry_id) score_links"
+        f" FROM ({links[0][0]} UNION ALL {links[1][0]}) x GROUP BY x.entry_id) score_links"
         f" ON score_links.entry_id = {outer}"
-        f" LEFT JOIN (SELECT a.{anchor('entry')} AS entry_id, min(CASE WHEN a.{anchor('status')} = %s THEN %s"
-        f" WHEN a.{anchor('status')} = %s THEN %s ELSE %s END) AS worst_anchor"
-        f" FROM {rawsql.table(CodeAnchor)} a WHERE a.{anchor('workspace')} = %s"
-        f" GROUP BY a.{anchor('entry')}) score_anchors ON score_anchors.entry_id = {outer}"
-        f" LEFT JOIN (SELECT c.{access('lineage_id')} AS lineage_id, count(*) AS readers"
-        f" FROM {rawsql.table(EntryAccess)} c WHERE c.{access('workspace')} = %s"
-        f" GROUP BY c.{access('lineage_id')}) score_readers"
+        f" LEFT JOIN ({anchors[0]}) score_anchors ON score_anchors.entry_ref = {outer}"
+        f" LEFT JOIN ({readers[0]}) score_readers"
         f" ON score_readers.lineage_id = {rawsql.table(Entry)}.{entry('lineage_id')}"
     )
-    params = [
-        *out_params,
-        *in_params,
-        AnchorStatus.INVALIDATED,
-        multiplier["invalidated"],
-        AnchorStatus.STALE,
-        multiplier["stale"],
-        1.0,
-        workspace_id,
-        workspace_id,
-    ]
-    return sql, params
+    return sql, [*links[0][1], *links[1][1], *anchors[1], *readers[1]]
 
 
 PLAN_TABLE = "maintenance_planscore"  # maintenance.models.PlanScore, a temporary table
