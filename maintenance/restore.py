@@ -306,7 +306,7 @@ class _Writer:
         row of this workspace would be written as now: those rows are unchanged, and comparing
         the bytes costs a fraction of parsing the line and comparing every column. With them,
         the rows of this workspace it read (by id), for the planning not to read them again."""
-        items = self._digest_dropped(kind, items)
+        items, differ = self._digest_dropped(kind, items)
         if kind.name == "entry_tag":  # matched by their pair (``plan_entry_tags``), not by bytes
             self.writes.send()
             return [self._parsed(kind, i) if isinstance(i, Raw) else i for i in items], {}
@@ -324,25 +324,33 @@ class _Writer:
                 rows.append(item)
                 continue
             current = existing.get(item.pk)
-            if current is not None and self._serialised(kind, item.pk, current) == item.line:
+            # A line whose digest differs from its row's is not compared by bytes: it differs.
+            if (
+                current is not None
+                and item.pk not in differ
+                and self._serialised(kind, item.pk, current) == item.line
+            ):
                 continue
             rows.append(self._parsed(kind, item))
         return rows, existing
 
-    def _digest_dropped(self, kind: Kind, items: list[dict[str, Any] | Raw]) -> list[dict[str, Any] | Raw]:
+    def _digest_dropped(
+        self, kind: Kind, items: list[dict[str, Any] | Raw]
+    ) -> tuple[list[dict[str, Any] | Raw], set[int]]:
         """The chunk but for the lines whose digest equals the digest of their row of this
         workspace now (``backup_files.digest_sql``): those rows have not changed since the
-        backup, and the database tells so without sending them. An entry leaving its place as
-        latest is compared as it was (``_serialised``), never by digest."""
+        backup, and the database tells so without sending them. With them, the ids whose row
+        has a digest other than its line's: changed. An entry leaving its place as latest is
+        compared as it was (``_serialised``), never by digest."""
         if not self.digests:
-            return items
+            return items, set()
         wanted = {
             item.pk
             for item in items
             if isinstance(item, Raw) and item.digest is not None and item.pk not in self.leaving
         }
         if not wanted:
-            return items
+            return items, set()
         qn = connection.ops.quote_name
         join, owner = "", "r"
         if not kind.scoped:  # entry↔tag pairs have no workspace of their own: it is their entry's
@@ -357,11 +365,16 @@ class _Writer:
             cursor.execute(sql, [self.ws_id, "{" + ",".join(map(str, wanted)) + "}"])
             now = dict(cursor.fetchall())
 
-        def unchanged(item: dict[str, Any] | Raw) -> bool:
+        kept: list[dict[str, Any] | Raw] = []
+        matched: set[int] = set()
+        for item in items:
             # Each line against its own digest (a file could repeat an id: each line stands alone).
-            return isinstance(item, Raw) and item.pk in wanted and now.get(item.pk) == item.digest
-
-        return [item for item in items if not unchanged(item)]
+            if isinstance(item, Raw) and item.pk in wanted and now.get(item.pk) == item.digest:
+                matched.add(item.pk)
+            else:
+                kept.append(item)
+        # Rows of the database whose every line in the chunk has another digest: changed.
+        return kept, (wanted & now.keys()) - matched
 
     def _serialised(self, kind: Kind, pk: int, current: dict[str, Any]) -> bytes | None:
         """The line ``current`` would be written as, or None for an entry leaving its place as

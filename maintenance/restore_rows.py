@@ -49,8 +49,25 @@ class _Plan:
 
 
 def _changed(kind: Kind, row: dict[str, Any], existing: dict[str, Any]) -> tuple[str, ...]:
-    # A column the file lacks (written before the column existed) is left as it is.
-    return tuple(c for c in kind.columns if c != "id" and c in row and row[c] != encode_value(existing[c]))
+    """The columns whose backed-up value differs from the row's now. A column the file lacks
+    (written before the column existed) is left as it is. A datetime is compared with the
+    instant its text names: parsing the text costs a fraction of printing the value, and a
+    restore after a first run compares some eight of them on each of 600,000 entries."""
+    changed = []
+    for c in kind.columns:
+        if c == "id" or c not in row:
+            continue
+        new, old = row[c], existing[c]
+        if new == old:
+            continue
+        if isinstance(old, datetime) and isinstance(new, str):
+            try:
+                if parse_datetime(new) == old:
+                    continue
+            except ValueError:  # the verifying scan parsed it: only a file changed since fails here
+                pass
+        changed.append(c)
+    return tuple(changed)
 
 
 def _is_newer(kind: Kind, existing: dict[str, Any], taken_at: datetime) -> bool:
