@@ -5,11 +5,12 @@ import pytest
 from memory import accounts
 from memory.models import Workspace
 
-# The longest modules first (measured with --durations on 2026-12-06: the state machine about
-# 2 minutes, the API fuzz 1.5, the stop and run-safety tests' real processes about a minute
-# each). pytest-xdist hands tests out in collection order, so a long test collected late ran
-# alone at the end while the other worker had nothing left: the last 3 % of the SQLite half
-# took about 4 of its 9.5 minutes. Longest first keeps both workers busy to the end.
+# The longest modules first (per --durations on 2026-12-06: the state machine about 2 minutes,
+# the API fuzz 1.5, the stop and run-safety tests' real processes about a minute each).
+# pytest-xdist hands tests out in collection order, so a long test collected late can run
+# alone at the end while the other worker has nothing left (the SQLite half once spent the
+# last 3 % of its tests in 4 of its 9.5 minutes, on a loaded machine). No gain is measured
+# on a quiet machine: the order only bounds the worst case.
 LONG_FIRST = (
     "tests/test_lifecycle_stateful.py",
     "tests/test_api_fuzz.py",
