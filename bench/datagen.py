@@ -701,23 +701,13 @@ def ensure(
             removed = cleanup_extra(ws)
             if removed:
                 progress(f"removed {removed} entries added after generation")
-            # The scores as of now, as generation leaves them: retention decays by the hour,
-            # so a seed reused an hour later gave a first run hundreds of score batches more
-            # to write (5 → 449 at 1,000,000 entries) than the same seed fresh.
-            from memory.policy_model import MaintenancePolicy
-            from memory.scoring_db import refresh_scores
-
-            t = time.perf_counter()
-            params = MaintenancePolicy.for_workspace(ws).decay_params
-            scored = refresh_scores(ws, now=datetime.now(UTC), params=params, batch_size=10_000)
-            progress(f"scores refreshed as of now: {scored:,} rows in {time.perf_counter() - t:.1f} s")
             if connection.vendor == "postgresql":
                 # An earlier run's writes and their removal leave dead rows that every index
                 # scan steps over until autovacuum (at 20% of a table) would come: each run
                 # starts from the same vacuumed state instead.
                 t = time.perf_counter()
                 with connection.cursor() as c:
-                    for table in (*CLEANED_TABLES, "memory_entryscore"):
+                    for table in CLEANED_TABLES:
                         c.execute(f"VACUUM ANALYZE {table}")
                 progress(f"vacuumed in {time.perf_counter() - t:.1f} s")
             return Result(ws.pk, slug, n, True, float(m.group(4) or 0), {}, {})

@@ -5,8 +5,7 @@
         [--sqlite-path var/bench-maintenance.sqlite3] [--label after] [--out bench/reports/maintenance.md]
 
 Data: ``bench/datagen.py`` makes sure the *seed* database holds workspace ``bench-<N>`` with N
-generated entries (the first run generates them; later runs reuse them, their scores refreshed
-as of the run's start, as generation leaves them: retention decays by the hour). Every measured N then
+generated entries (the first run generates them; later runs reuse them). Every measured N then
 starts from a fresh copy of the seed — PostgreSQL: ``CREATE DATABASE <seed>_work TEMPLATE
 <seed>``; SQLite: an online copy of the file — so a run, its revert and its restore never
 change the seed, and every rerun maintains the same rows. The seed's hygiene verdicts are made
