@@ -149,8 +149,7 @@ def archive_low_quality(ctx: RunContext, *, only: Iterable[int] | None = None) -
     # with each batch re-checked by the workers (``maintenance.batch_workers``) took ~1 s a
     # batch at 1,000,000 entries (10 s against 3 s for the pass; bench/reports/maintenance.md,
     # "A pass's batches over two connections").
-    for start in range(0, len(ids), ctx.batch_size):
-        chunk = ids[start : start + ctx.batch_size]
+    for chunk in chunks(ids, ctx.batch_size):
         done = transition(
             ctx,
             unprotected(latest(ctx).filter(status_in([Status.ACTIVE]), pk__in=chunk), ctx),
