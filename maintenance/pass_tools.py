@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
@@ -257,6 +257,23 @@ def transition(
             result.rows.extend(_detail_rows(rows, detail_fields))
         result.ids.extend(r["pk"] for r in rows)
 
+    def one_statement(batch: Sequence[int]) -> list[dict[str, Any]] | None:
+        with transaction.atomic():
+            changed = lifecycle.change_selected(
+                ctx.workspace.pk,
+                candidates.filter(pk__any_of=batch),
+                to_status,
+                reason=reason,
+                actor=ctx.actor,
+                now=ctx.now,
+                run_id=ctx.run_id,
+                tombstone=tombstoning,
+            )
+        return [{"pk": i} for i in changed] or None
+
+    # Without details to report, a batch is one statement on PostgreSQL
+    # (``lifecycle.change_selected``); otherwise its rows are read, then written (``write``).
+    fast = connection.vendor == "postgresql" and not detail_fields and not details_of and not ctx.planning
     batches = lifecycle.batches(_ids_of(candidates, ids), ctx.batch_size, spread=spread)
     start = 0
     if destructive:
@@ -268,9 +285,8 @@ def transition(
             start += 1
             if rows is not None:
                 done(rows)
-    for rows in batch_workers.each_batch(
-        batches[start:], lambda batch: _locked_batch(candidates, fields, batch, write), ctx.heartbeat
-    ):
+    work = one_statement if fast else lambda batch: _locked_batch(candidates, fields, batch, write)
+    for rows in batch_workers.each_batch(batches[start:], work, ctx.heartbeat):
         done(rows)
     # In id order whatever the batches' (``lifecycle.batches``): as the plan reports them.
     result.ids.sort()

@@ -27,7 +27,9 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Case, F, Model, Value, When
+from django.db.models import Case, F, Model, QuerySet, Value, When
+from django.db.models.expressions import RawSQL
+from django.db.models.sql import UpdateQuery
 
 from memory import rawsql
 from memory.models import Entry, LifecycleEvent, Tombstone
@@ -149,6 +151,16 @@ def change_status(
         _tombstones(workspace_id, ids, tombstone, actor=actor, run_id=run_id, now=now)
     else:
         _close_tombstones(workspace_id, ids, now, tombstoned)
+    changes = _status_changes(to_status, now, manual=not automatic and not reverts_of, extra=extra)
+    Entry.objects.filter(workspace_id=workspace_id, pk__any_of=ids).update(**changes)
+    announce(workspace_id, [to_status], len(ids))
+
+
+def _status_changes(
+    to_status: str, now: datetime, *, manual: bool, extra: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The UPDATE of a move to ``to_status`` by the module's rules (``archived_at``, and
+    ``updated_at`` only for a ``manual`` change), plus the caller's columns."""
     changes: dict[str, Any] = {"status": to_status, "status_changed_at": now, **extra}
     if to_status == Status.ARCHIVED:
         changes["archived_at"] = Case(
@@ -157,10 +169,75 @@ def change_status(
         )
     elif to_status != Status.TOMBSTONED:
         changes["archived_at"] = None
-    if not automatic and not reverts_of:
+    if manual:
         changes["updated_at"] = now
-    Entry.objects.filter(workspace_id=workspace_id, pk__any_of=ids).update(**changes)
-    announce(workspace_id, [to_status], len(ids))
+    return changes
+
+
+# The columns of the rows ``change_selected`` locks, named as the entry's own columns, so that
+# the records' expressions (``_from_entry``, ``_tombstone_values``) read them from either.
+SELECTED = ("id", "workspace", "status", "lineage_id", "content_hash")
+
+
+def change_selected(
+    workspace_id: int,
+    selected: QuerySet[Entry],
+    to_status: str,
+    *,
+    reason: str,
+    actor: str,
+    now: datetime,
+    run_id: int | None = None,
+    tombstone: Tombstoning | None = None,
+) -> list[int]:
+    """PostgreSQL: an automatic ``change_status`` of the rows ``selected`` matches (a pass's
+    whole predicate restricted to one batch's ids) in ONE statement, inside the caller's
+    transaction: the rows locked and read, their LifecycleEvents and Tombstones inserted from
+    what was read, and the UPDATE — data-modifying ``WITH`` queries, which all see the rows as
+    they were before the statement. The ids changed, sorted (none when no row matches any
+    more). ``change_status``'s three statements looked the batch's rows up three more times
+    and were planned three times a batch (bench/reports/maintenance.md, "One statement a
+    batch"). Only moves between live statuses and into the tombstone: a row leaving the
+    tombstone has its Tombstone to close (``change_status``)."""
+    if (to_status == Status.TOMBSTONED) != (tombstone is not None):
+        raise ValueError("a Tombstoning is given exactly when entries move to tombstoned")
+    # A tombstoned row has its Tombstone to close (``change_status``): none is selected here.
+    query = (
+        selected.filter(workspace_id=workspace_id)
+        .exclude(status=Status.TOMBSTONED)
+        .select_for_update(of=("self",))
+        .order_by("pk")
+        .values(*(field.replace("workspace", "workspace_id") for field in SELECTED))
+    )
+    select_sql, select_params = query.query.get_compiler(query.db).as_sql()
+    locked = ", ".join(rawsql.column(Entry, name) for name in SELECTED)
+    events, event_params = _event_values(
+        to_status,
+        now,
+        {"reason": reason, "actor": actor, "automatic": True, "run_id": run_id, "details": {}},
+    )
+    parts = [
+        f"locked ({locked}) AS ({select_sql})",
+        f"events AS ({_insert_sql(LifecycleEvent, events, 'locked')})",
+    ]
+    params = [*select_params, *event_params]
+    if tombstone is not None:
+        stones, stone_params = _tombstone_values(tombstone, actor=actor, run_id=run_id, now=now)
+        parts.append(f"stones AS ({_insert_sql(Tombstone, stones, 'locked')})")
+        params += stone_params
+    target = Entry.objects.filter(workspace_id=workspace_id, pk__in=RawSQL("SELECT id FROM locked", ()))
+    update = target.query.chain(UpdateQuery)
+    assert isinstance(update, UpdateQuery)
+    update.add_update_values(_status_changes(to_status, now, manual=False, extra={}))
+    update_sql, update_params = update.get_compiler(target.db).as_sql()
+    parts.append(f"changed AS ({update_sql})")
+    params += update_params
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {', '.join(parts)} SELECT id FROM locked ORDER BY id", params)
+        ids = [row[0] for row in cursor.fetchall()]
+    if ids:
+        announce(workspace_id, [to_status], len(ids))
+    return ids
 
 
 def change_entry(entry: Entry, to_status: str, **options: Any) -> None:
@@ -184,14 +261,21 @@ def _insert_from_entries(
     (bench/reports/maintenance.md, section "Capped counts, one-read compaction, set-based
     records", item 3)."""
     where, id_params = rawsql.in_values(ids)
-    names = ", ".join(rawsql.column(model, name) for name in values)
     entry_id, workspace = rawsql.column(Entry, "id"), rawsql.column(Entry, "workspace")
-    sql = (
-        f"INSERT INTO {rawsql.table(model)} ({names}) SELECT {', '.join(values.values())} "
-        f"FROM {rawsql.table(Entry)} WHERE {entry_id} {where} AND {workspace} = %s ORDER BY {entry_id}"
-    )
+    source = f"{rawsql.table(Entry)} WHERE {entry_id} {where} AND {workspace} = %s"
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *id_params, workspace_id])
+        cursor.execute(_insert_sql(model, values, source), [*params, *id_params, workspace_id])
+
+
+def _insert_sql(model: type[Model], values: Mapping[str, str], source: str) -> str:
+    """``INSERT INTO model (columns) SELECT expressions FROM source ORDER BY id``: ``values``
+    maps each field to an expression over the columns ``source`` has (the entry's)."""
+    names = ", ".join(rawsql.column(model, name) for name in values)
+    entry_id = rawsql.column(Entry, "id")
+    return (
+        f"INSERT INTO {rawsql.table(model)} ({names}) SELECT {', '.join(values.values())} "
+        f"FROM {source} ORDER BY {entry_id}"
+    )
 
 
 def _from_entry() -> dict[str, str]:
@@ -205,29 +289,29 @@ def _from_entry() -> dict[str, str]:
     }
 
 
+def _event_values(to_status: str, now: datetime, event: dict[str, Any]) -> tuple[dict[str, str], list[Any]]:
+    """The columns of the events of a change whose records differ only by entry, as
+    expressions over the entry's columns, and their parameters."""
+    ops = connection.ops
+    values = {
+        **_from_entry(),
+        **dict.fromkeys(("to_status", "reason", "run", "actor", "automatic", "created_at", "details"), "%s"),
+    }
+    return values, [
+        to_status,
+        event["reason"],
+        event["run_id"],
+        event["actor"],
+        event["automatic"],
+        ops.adapt_datetimefield_value(now),
+        ops.adapt_json_value(event["details"], None),
+    ]
+
+
 def _events(workspace_id: int, ids: list[int], to_status: str, now: datetime, event: dict[str, Any]) -> None:
     """The events of a change whose records differ only by entry: one INSERT … SELECT."""
-    ops = connection.ops
-    _insert_from_entries(
-        LifecycleEvent,
-        {
-            **_from_entry(),
-            **dict.fromkeys(
-                ("to_status", "reason", "run", "actor", "automatic", "created_at", "details"), "%s"
-            ),
-        },
-        workspace_id,
-        ids,
-        [
-            to_status,
-            event["reason"],
-            event["run_id"],
-            event["actor"],
-            event["automatic"],
-            ops.adapt_datetimefield_value(now),
-            ops.adapt_json_value(event["details"], None),
-        ],
-    )
+    values, params = _event_values(to_status, now, event)
+    _insert_from_entries(LifecycleEvent, values, workspace_id, ids, params)
 
 
 def _events_each(
@@ -309,6 +393,29 @@ def _events_each(
         )
 
 
+def _tombstone_values(
+    tombstone: Tombstoning, *, actor: str, run_id: int | None, now: datetime
+) -> tuple[dict[str, str], list[Any]]:
+    """The columns of the Tombstones of a move to tombstoned — lineage, hash and previous
+    status read from the entry's row, before the status changes — and their parameters."""
+    col = functools.partial(rawsql.column, Entry)
+    adapt = connection.ops.adapt_datetimefield_value
+    values = {
+        "workspace": col("workspace"),
+        "entry": col("id"),
+        "entry_ref": col("id"),
+        "lineage_ref": f"COALESCE({col('lineage_id')}, {col('id')})",
+        "content_hash": col("content_hash"),
+        "reason": "%s",
+        "previous_status": col("status"),
+        "run": "%s",
+        "actor": "%s",
+        "created_at": "%s",
+        "purge_after": "%s",
+    }
+    return values, [tombstone.reason, run_id, actor, adapt(now), adapt(tombstone.purge_after)]
+
+
 def _tombstones(
     workspace_id: int,
     ids: list[int],
@@ -318,29 +425,9 @@ def _tombstones(
     run_id: int | None,
     now: datetime,
 ) -> None:
-    """The Tombstone of each entry of ``ids``, its lineage, hash and previous status read from
-    the row (before the status changes)."""
-    col = functools.partial(rawsql.column, Entry)
-    adapt = connection.ops.adapt_datetimefield_value
-    _insert_from_entries(
-        Tombstone,
-        {
-            "workspace": col("workspace"),
-            "entry": col("id"),
-            "entry_ref": col("id"),
-            "lineage_ref": f"COALESCE({col('lineage_id')}, {col('id')})",
-            "content_hash": col("content_hash"),
-            "reason": "%s",
-            "previous_status": col("status"),
-            "run": "%s",
-            "actor": "%s",
-            "created_at": "%s",
-            "purge_after": "%s",
-        },
-        workspace_id,
-        ids,
-        [tombstone.reason, run_id, actor, adapt(now), adapt(tombstone.purge_after)],
-    )
+    """The Tombstone of each entry of ``ids``."""
+    values, params = _tombstone_values(tombstone, actor=actor, run_id=run_id, now=now)
+    _insert_from_entries(Tombstone, values, workspace_id, ids, params)
 
 
 def _close_tombstones(

@@ -67,7 +67,7 @@ def test_every_batch_is_written_once_from_several_connections_which_are_closed_a
     ids = _idle(workspace, now, 24)
     seen: list[tuple[int, int, tuple[int, ...]]] = []
     lock = threading.Lock()
-    original = pass_tools._locked_rows
+    original, original_selected = pass_tools._locked_rows, lifecycle.change_selected
 
     def spy(candidates, fields, batch):
         rows = original(candidates, fields, batch)
@@ -75,14 +75,20 @@ def test_every_batch_is_written_once_from_several_connections_which_are_closed_a
             seen.append((threading.get_ident(), _backend(), tuple(batch)))
         return rows
 
+    def spy_selected(*args, **kwargs):  # PostgreSQL: a batch in one statement
+        changed = original_selected(*args, **kwargs)
+        with lock:
+            seen.append((threading.get_ident(), _backend(), tuple(changed)))
+        return changed
+
     mine = _backend()
     ctx = _context(workspace, now)
     passes.score(ctx)
     try:
-        pass_tools._locked_rows = spy
+        pass_tools._locked_rows, lifecycle.change_selected = spy, spy_selected
         result = passes.mark_stale(ctx)
     finally:
-        pass_tools._locked_rows = original
+        pass_tools._locked_rows, lifecycle.change_selected = original, original_selected
     assert result.ids == ids and result.count == 24
     assert sorted(i for _, _, batch in seen for i in batch) == ids  # each batch once
     backends = {pid for _, pid, _ in seen}
@@ -230,21 +236,25 @@ def test_inside_a_callers_transaction_or_on_sqlite_the_batches_stay_in_its_conne
     settings.MAINTENANCE_BATCH_WORKERS = 2
     ids = _idle(workspace, now, 8)
     threads = set()
-    original = pass_tools._locked_rows
+    original, original_selected = pass_tools._locked_rows, lifecycle.change_selected
 
     def spy(candidates, fields, batch):
         threads.add(threading.get_ident())
         return original(candidates, fields, batch)
 
+    def spy_selected(*args, **kwargs):  # PostgreSQL: a batch in one statement
+        threads.add(threading.get_ident())
+        return original_selected(*args, **kwargs)
+
     ctx = _context(workspace, now)
     passes.score(ctx)
     try:
-        pass_tools._locked_rows = spy
+        pass_tools._locked_rows, lifecycle.change_selected = spy, spy_selected
         with transaction.atomic():
             assert not batch_workers.concurrent(4)
             result = passes.mark_stale(ctx)
     finally:
-        pass_tools._locked_rows = original
+        pass_tools._locked_rows, lifecycle.change_selected = original, original_selected
     assert result.ids == ids and threads == {threading.get_ident()}
     assert batch_workers.concurrent(4) == (connection.vendor == "postgresql")
     settings.MAINTENANCE_BATCH_WORKERS = 1

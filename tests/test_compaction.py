@@ -269,6 +269,14 @@ def test_a_group_larger_than_a_batch_locks_its_fragments_in_id_order(workspace, 
             archived.extend(batch)
         return original(workspace_id, batch, to_status, *args, **kwargs)
 
+    def spy_selected(workspace_id, selected, to_status, **kwargs):
+        changed = original_selected(workspace_id, selected, to_status, **kwargs)
+        if to_status == "archived":
+            archived.extend(changed)
+        return changed
+
+    original_selected = lifecycle.change_selected
     monkeypatch.setattr(lifecycle, "change_status", spy)
+    monkeypatch.setattr(lifecycle, "change_selected", spy_selected)
     assert consolidate(workspace, now, batch_size=2)["counts"]["summaries_created"] == 1
     assert archived == ids

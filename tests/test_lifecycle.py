@@ -436,6 +436,78 @@ def test_a_change_writes_the_same_statements_for_any_number_of_entries(workspace
     assert few.count("INSERT") == 1 and few.count("UPDATE") == 1
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="data-modifying WITH queries: PostgreSQL only")
+@pytest.mark.parametrize("to_status", ["stale", "archived", "tombstoned"])
+def test_a_batch_changed_in_one_statement_writes_what_change_status_writes(
+    workspace, other_workspace, now, to_status
+):
+    """A pass's batch on PostgreSQL (``change_selected``): the rows its query still matches are
+    locked, read, recorded and changed in ONE statement, for any number of rows, and leave the
+    same entry, event and tombstone rows as ``change_status``. A row the query no longer
+    matches, a tombstoned row and another workspace's row are left alone."""
+    run = MaintenanceRun.objects.create(workspace=workspace, kind="full", trigger="cli")
+    stone = lifecycle.Tombstoning("decay", now + timedelta(days=30)) if to_status == "tombstoned" else None
+    options = {"reason": "decay", "actor": "system", "now": now, "run_id": run.pk, "tombstone": stone}
+
+    def made(n: int) -> list[int]:
+        ids = [make(workspace, now, days=40, status="stale", archived_at=now).pk for _ in range(n)]
+        Entry.objects.filter(pk=ids[0]).update(lineage_id=ids[-1], status="active", archived_at=None)
+        return ids
+
+    def records(ids: list[int]) -> list[tuple[Any, ...]]:
+        entries = Entry.objects.filter(pk__in=ids).order_by("pk")
+        events = LifecycleEvent.objects.filter(entry_ref__in=ids, run=run).order_by("pk")
+        stones = Tombstone.objects.filter(entry_ref__in=ids).order_by("pk")
+        return [
+            *entries.values_list("status", "status_changed_at", "archived_at", "updated_at"),
+            *events.values_list(
+                "entry_id",
+                "from_status",
+                "to_status",
+                "reason",
+                "actor",
+                "automatic",
+                "created_at",
+                "details",
+            ),
+            *stones.values_list("entry_id", "lineage_ref", "content_hash", "reason", "previous_status"),
+            *stones.values_list("run_id", "actor", "created_at", "purge_after", "restored_at"),
+        ]
+
+    def relabelled(rows: list[tuple[Any, ...]], ids: list[int]) -> list[tuple[Any, ...]]:
+        index: dict[Any, str] = {i: f"#{n}" for n, i in enumerate(ids)}
+        hashes = Entry.objects.filter(pk__in=ids).values_list("pk", "content_hash")
+        index.update({digest: f"hash of {index[i]}" for i, digest in hashes})
+
+        def label(v: Any) -> Any:
+            return index.get(v, v) if isinstance(v, int | str) and not isinstance(v, bool) else v
+
+        return [tuple(label(v) for v in row) for row in rows]
+
+    def statements(n: int) -> tuple[list[str], list[tuple[Any, ...]]]:
+        ids = made(n)
+        left_alone = [
+            make(workspace, now, days=40, status="tombstoned").pk,  # the tombstone's own
+            make(other_workspace, now, days=40).pk,
+            make(workspace, now, days=40, content="pinned one", pinned=True).pk,
+        ]
+        before = records(left_alone)
+        selected = Entry.objects.filter(pk__in=[*ids, *left_alone], pinned=False)
+        with CaptureQueriesContext(connection) as queries, transaction.atomic():
+            assert lifecycle.change_selected(workspace.pk, selected, to_status, **options) == ids
+        assert records(left_alone) == before
+        sent = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
+        return sent, relabelled(records(ids), ids)
+
+    few, one_way = statements(2)
+    assert len(few) == 1 and len(statements(7)[0]) == 1
+    ids = made(2)
+    with transaction.atomic():
+        lifecycle.change_status(workspace.pk, ids, to_status, automatic=True, **options)
+    assert relabelled(records(ids), ids) == one_way
+    assert LifecycleEvent.objects.filter(run=run).count() == 11
+
+
 def test_per_entry_details_runs_and_reverted_events_land_on_each_event(workspace, now):
     a, b = make(workspace, now, days=1), make(workspace, now, days=1)
     runs = [MaintenanceRun.objects.create(workspace=workspace, kind="full", trigger="cli") for _ in range(2)]

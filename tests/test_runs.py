@@ -824,7 +824,14 @@ def test_status_changes_spread_their_batches_on_postgresql_and_results_stay_in_i
         written.append((to_status, list(ids)))
         return original(workspace_id, ids, to_status, *args, **kwargs)
 
+    def spy_selected(workspace_id, selected, to_status, **kwargs):
+        changed = original_selected(workspace_id, selected, to_status, **kwargs)
+        written.append((to_status, changed))
+        return changed
+
+    original_selected = lifecycle.change_selected
     monkeypatch.setattr(lifecycle, "change_status", spy)
+    monkeypatch.setattr(lifecycle, "change_selected", spy_selected)
     run_row = MaintenanceRun.objects.create(workspace=workspace, kind="full", trigger="cli", started_at=now)
     values = PolicyValues(cold_threshold=0.0)
     ctx = pass_tools.RunContext(workspace=workspace, now=now, policy=values, run=run_row, batch_size=2)
