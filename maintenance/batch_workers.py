@@ -60,11 +60,25 @@ def each_batch(
     batches: Sequence[Sequence[int]],
     work: Callable[[Sequence[int]], T | None],
     heartbeat: Callable[[], None],
+    *,
+    alone_until: Callable[[Sequence[int]], T | None] | None = None,
 ) -> Iterator[T]:
     """``work(batch)`` for every batch — one transaction each, opened by ``work`` — and the
     results that are not None, in the order they are done. ``heartbeat`` after each batch, in
     the caller's thread (it may raise: no further batch is started, and the ones in hand are
-    waited for)."""
+    waited for). ``alone_until``: the work of the first batches instead, one at a time in the
+    caller's thread until one of them returns a result (a destructive pass's first change waits
+    for the pre-prune backup, which must not race a batch)."""
+    first = 0
+    if alone_until is not None:
+        for batch in batches:
+            first += 1
+            result = alone_until(batch)
+            heartbeat()
+            if result is not None:
+                yield result
+                break
+    batches = batches[first:]
     if not concurrent(len(batches)):
         for batch in batches:
             result = work(batch)

@@ -275,18 +275,18 @@ def transition(
     # (``lifecycle.change_selected``); otherwise its rows are read, then written (``write``).
     fast = connection.vendor == "postgresql" and not detail_fields and not details_of and not ctx.planning
     batches = lifecycle.batches(_ids_of(candidates, ids), ctx.batch_size, spread=spread)
-    start = 0
-    if destructive:
-        # The pre-prune backup before the first batch that changes a row (``write``), so one
-        # batch at a time in the caller's thread until one has: it must not race a batch.
-        while start < len(batches) and not result.ids:
-            rows = _locked_batch(candidates, fields, batches[start], write)
-            ctx.heartbeat()
-            start += 1
-            if rows is not None:
-                done(rows)
-    work = one_statement if fast else lambda batch: _locked_batch(candidates, fields, batch, write)
-    for rows in batch_workers.each_batch(batches[start:], work, ctx.heartbeat):
+
+    def read_then_write(batch: Sequence[int]) -> list[dict[str, Any]] | None:
+        return _locked_batch(candidates, fields, batch, write)
+
+    # The pre-prune backup before the first batch that changes a row (``write``), so one
+    # batch at a time in the caller's thread until one has: it must not race a batch.
+    for rows in batch_workers.each_batch(
+        batches,
+        one_statement if fast else read_then_write,
+        ctx.heartbeat,
+        alone_until=read_then_write if destructive else None,
+    ):
         done(rows)
     # In id order whatever the batches' (``lifecycle.batches``): as the plan reports them.
     result.ids.sort()

@@ -208,6 +208,37 @@ def test_the_pre_prune_backup_is_taken_once_in_the_run_s_thread_before_any_tombs
     assert backups == [(threading.get_ident(), 0)]
 
 
+def test_the_first_batches_go_alone_in_the_callers_thread_until_one_has_a_result(settings):
+    """``alone_until``: a destructive pass's batches one at a time in the caller's thread until
+    one has changed a row (its backup first), then the rest as usual: over the workers on
+    PostgreSQL."""
+    settings.MAINTENANCE_BATCH_WORKERS = 2
+    alone: list[tuple[int, int]] = []
+    rest: list[tuple[int, int]] = []
+    beats: list[int] = []
+
+    def first(batch):
+        alone.append((threading.get_ident(), batch[0]))
+        return batch[0] if batch[0] >= 2 else None  # batches 0 and 1 change nothing
+
+    def work(batch):
+        rest.append((threading.get_ident(), batch[0]))
+        return batch[0]
+
+    me = threading.get_ident()
+    batches = [[n] for n in range(8)]
+    done = list(batch_workers.each_batch(batches, work, lambda: beats.append(me), alone_until=first))
+    assert alone == [(me, 0), (me, 1), (me, 2)]
+    assert sorted(n for _, n in rest) == [3, 4, 5, 6, 7]
+    assert done[0] == 2 and sorted(done) == [2, 3, 4, 5, 6, 7]
+    assert len(beats) >= 8
+    assert ({t for t, _ in rest} == {me}) == (connection.vendor != "postgresql")
+    # No batch changes anything: every one goes alone, and none is left for the workers.
+    alone.clear()
+    assert list(batch_workers.each_batch(batches[:2], work, lambda: None, alone_until=first)) == []
+    assert alone == [(me, 0), (me, 1)]
+
+
 @postgresql
 def test_a_lost_lease_stops_the_batches_in_the_callers_thread(workspace, now, settings):
     settings.MAINTENANCE_BATCH_WORKERS = 2
