@@ -210,7 +210,9 @@ def transition(
     """Move every candidate (among ``ids`` when given: ``planned``) to ``to_status`` in
     batches: one transaction per batch holding the status UPDATE, the LifecycleEvents and (for
     tombstones) the Tombstone rows, written by ``memory.lifecycle.change_status``
-    (``details_of``: the details of each entry's event).
+    (``details_of``: the details of each entry's event) — on PostgreSQL, without details to
+    report, by ``memory.lifecycle.change_selected``, the batch's lock and writes in one
+    statement.
 
     The candidates' ids are read once (one statement); each batch then locks its ids and reads
     them again through the whole predicate, so a row that stopped qualifying meanwhile (an

@@ -192,19 +192,18 @@ def change_selected(
 ) -> list[int]:
     """PostgreSQL: an automatic ``change_status`` of the rows ``selected`` matches (a pass's
     whole predicate restricted to one batch's ids) in ONE statement, inside the caller's
-    transaction: the rows locked and read, their LifecycleEvents and Tombstones inserted from
-    what was read, and the UPDATE — data-modifying ``WITH`` queries, which all see the rows as
-    they were before the statement. The ids changed, sorted (none when no row matches any
-    more). ``change_status``'s three statements looked the batch's rows up three more times
-    and were planned three times a batch (bench/reports/maintenance.md, "One statement a
-    batch"). Only moves between live statuses and into the tombstone: a row leaving the
-    tombstone has its Tombstone to close (``change_status``)."""
+    transaction, as data-modifying ``WITH`` queries: the rows locked in id order and read (a
+    row changed meanwhile by another transaction is read, and checked against ``selected``
+    again, as that transaction left it), their LifecycleEvents and Tombstones inserted from
+    what was read under the lock — or, for rows leaving the tombstone, their open Tombstone
+    closed — and the UPDATE, which finds the rows it locked. The ids changed, sorted (none
+    when no row matches any more). ``change_status``'s statements looked the batch's rows up
+    once each again and were planned each time (bench/reports/maintenance.md, "One statement
+    a batch")."""
     if (to_status == Status.TOMBSTONED) != (tombstone is not None):
         raise ValueError("a Tombstoning is given exactly when entries move to tombstoned")
-    # A tombstoned row has its Tombstone to close (``change_status``): none is selected here.
     query = (
         selected.filter(workspace_id=workspace_id)
-        .exclude(status=Status.TOMBSTONED)
         .select_for_update(of=("self",))
         .order_by("pk")
         .values(*(field.replace("workspace", "workspace_id") for field in SELECTED))
@@ -225,19 +224,35 @@ def change_selected(
         stones, stone_params = _tombstone_values(tombstone, actor=actor, run_id=run_id, now=now)
         parts.append(f"stones AS ({_insert_sql(Tombstone, stones, 'locked')})")
         params += stone_params
+    else:  # as ``_close_tombstones``
+        untombed = RawSQL(
+            f"SELECT id FROM locked WHERE {rawsql.column(Entry, 'status')} = %s", (Status.TOMBSTONED,)
+        )
+        closing = Tombstone.objects.filter(
+            entry_id__in=untombed, restored_at__isnull=True, purged_at__isnull=True
+        )
+        sql, more = _update_sql(closing, {"restored_at": now})
+        parts.append(f"closed AS ({sql})")
+        params += more
     target = Entry.objects.filter(workspace_id=workspace_id, pk__in=RawSQL("SELECT id FROM locked", ()))
-    update = target.query.chain(UpdateQuery)
-    assert isinstance(update, UpdateQuery)
-    update.add_update_values(_status_changes(to_status, now, manual=False, extra={}))
-    update_sql, update_params = update.get_compiler(target.db).as_sql()
-    parts.append(f"changed AS ({update_sql})")
-    params += update_params
+    sql, more = _update_sql(target, _status_changes(to_status, now, manual=False, extra={}))
+    parts.append(f"changed AS ({sql})")
+    params += more
     with connection.cursor() as cursor:
         cursor.execute(f"WITH {', '.join(parts)} SELECT id FROM locked ORDER BY id", params)
         ids = [row[0] for row in cursor.fetchall()]
     if ids:
         announce(workspace_id, [to_status], len(ids))
     return ids
+
+
+def _update_sql(rows: QuerySet[Any], values: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """The UPDATE ``rows.update(**values)`` would send, and its parameters."""
+    update = rows.query.chain(UpdateQuery)
+    assert isinstance(update, UpdateQuery)
+    update.add_update_values(dict(values))
+    sql, params = update.get_compiler(rows.db).as_sql()
+    return sql, tuple(params)
 
 
 def change_entry(entry: Entry, to_status: str, **options: Any) -> None:

@@ -192,20 +192,36 @@ def test_a_stop_while_the_workers_write_leaves_every_batch_whole(workspace, now,
 
 
 @postgresql
+@pytest.mark.parametrize("details", [True, False], ids=["sweep, batches read then written", "one statement"])
 def test_the_pre_prune_backup_is_taken_once_in_the_run_s_thread_before_any_tombstone(
-    workspace, now, settings
+    workspace, now, settings, details
 ):
+    """Whether a batch is read then written (a decay sweep reports each eviction's details)
+    or one statement (``lifecycle.change_selected``, a full run's), the backup comes first."""
     settings.MAINTENANCE_BATCH_WORKERS = 2
     _make(workspace, now, 20, age_days=200)
     ctx = _context(workspace, now)
+    ctx.details = details
     passes.score(ctx)
+    selected = lifecycle.change_selected
+    statements: list[int] = []
+
+    def counted(*args, **kwargs):
+        statements.append(1)
+        return selected(*args, **kwargs)
+
+    lifecycle.change_selected = counted
     backups: list[tuple[int, int]] = []
     ctx.before_destructive = lambda: backups.append(
         (threading.get_ident(), Tombstone.objects.filter(run=ctx.run).count())
     )
-    result = passes.decay(ctx)
+    try:
+        result = passes.decay(ctx)
+    finally:
+        lifecycle.change_selected = selected
     assert result.count == 20
     assert backups == [(threading.get_ident(), 0)]
+    assert (len(statements) == 9) == (not details) and (not statements) == details  # 10 batches, 1 alone
 
 
 def test_the_first_batches_go_alone_in_the_callers_thread_until_one_has_a_result(settings):

@@ -443,8 +443,9 @@ def test_a_batch_changed_in_one_statement_writes_what_change_status_writes(
 ):
     """A pass's batch on PostgreSQL (``change_selected``): the rows its query still matches are
     locked, read, recorded and changed in ONE statement, for any number of rows, and leave the
-    same entry, event and tombstone rows as ``change_status``. A row the query no longer
-    matches, a tombstoned row and another workspace's row are left alone."""
+    same entry, event and tombstone rows as ``change_status`` — a tombstoned row among them
+    leaves the tombstone with its Tombstone closed. A row the query no longer matches and
+    another workspace's row are left alone."""
     run = MaintenanceRun.objects.create(workspace=workspace, kind="full", trigger="cli")
     stone = lifecycle.Tombstoning("decay", now + timedelta(days=30)) if to_status == "tombstoned" else None
     options = {"reason": "decay", "actor": "system", "now": now, "run_id": run.pk, "tombstone": stone}
@@ -452,6 +453,18 @@ def test_a_batch_changed_in_one_statement_writes_what_change_status_writes(
     def made(n: int) -> list[int]:
         ids = [make(workspace, now, days=40, status="stale", archived_at=now).pk for _ in range(n)]
         Entry.objects.filter(pk=ids[0]).update(lineage_id=ids[-1], status="active", archived_at=None)
+        if to_status == "tombstoned":
+            return ids  # a tombstoned entry has one open Tombstone at most
+        earlier = now - timedelta(days=1)
+        lifecycle.change_status(  # outside the run: its event is not compared, its Tombstone is
+            workspace.pk,
+            [ids[1]],
+            "tombstoned",
+            reason="manual",
+            actor="user:ann",
+            now=earlier,
+            tombstone=lifecycle.Tombstoning("manual", earlier + timedelta(days=30)),
+        )
         return ids
 
     def records(ids: list[int]) -> list[tuple[Any, ...]]:
@@ -487,7 +500,6 @@ def test_a_batch_changed_in_one_statement_writes_what_change_status_writes(
     def statements(n: int) -> tuple[list[str], list[tuple[Any, ...]]]:
         ids = made(n)
         left_alone = [
-            make(workspace, now, days=40, status="tombstoned").pk,  # the tombstone's own
             make(other_workspace, now, days=40).pk,
             make(workspace, now, days=40, content="pinned one", pinned=True).pk,
         ]
