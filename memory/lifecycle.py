@@ -176,7 +176,7 @@ def _status_changes(
 
 # The columns of the rows ``change_selected`` locks, named as the entry's own columns, so that
 # the records' expressions (``_from_entry``, ``_tombstone_values``) read them from either.
-SELECTED = ("id", "workspace", "status", "lineage_id", "content_hash")
+SELECTED = ("id", "workspace_id", "status", "lineage_id", "content_hash")
 
 
 def change_selected(
@@ -206,7 +206,7 @@ def change_selected(
         selected.filter(workspace_id=workspace_id)
         .select_for_update(of=("self",))
         .order_by("pk")
-        .values(*(field.replace("workspace", "workspace_id") for field in SELECTED))
+        .values(*SELECTED)
     )
     select_sql, select_params = query.query.get_compiler(query.db).as_sql()
     locked = ", ".join(rawsql.column(Entry, name) for name in SELECTED)
@@ -228,10 +228,7 @@ def change_selected(
         untombed = RawSQL(
             f"SELECT id FROM locked WHERE {rawsql.column(Entry, 'status')} = %s", (Status.TOMBSTONED,)
         )
-        closing = Tombstone.objects.filter(
-            entry_id__in=untombed, restored_at__isnull=True, purged_at__isnull=True
-        )
-        sql, more = _update_sql(closing, {"restored_at": now})
+        sql, more = _update_sql(_open_tombstones(entry_id__in=untombed), {"restored_at": now})
         parts.append(f"closed AS ({sql})")
         params += more
     target = Entry.objects.filter(workspace_id=workspace_id, pk__in=RawSQL("SELECT id FROM locked", ()))
@@ -461,9 +458,13 @@ def _close_tombstones(
             ).values_list("pk", flat=True)
         )
     if untombed:
-        Tombstone.objects.filter(
-            entry_id__any_of=untombed, restored_at__isnull=True, purged_at__isnull=True
-        ).update(restored_at=now)
+        _open_tombstones(entry_id__any_of=untombed).update(restored_at=now)
+
+
+def _open_tombstones(**entries: Any) -> QuerySet[Tombstone]:
+    """The open (neither restored nor purged) Tombstones of the entries ``entries`` selects:
+    the ones a move out of the tombstone closes."""
+    return Tombstone.objects.filter(restored_at__isnull=True, purged_at__isnull=True, **entries)
 
 
 # --- the announcement -------------------------------------------------------------------------
