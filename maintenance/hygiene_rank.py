@@ -16,7 +16,9 @@ score is kept, per entry, beside what the queue filters on:
   sharing a marked content hash, with the queue's own expression (``hygiene.scored_entries``). More
   marks than ``REBUILD_OVER`` (a run's apply, a restore), a rank never built, or a different
   key (residue patterns, detector version, points: ``rank_key``) rebuild the workspace's rows
-  in one statement instead. The worker's hygiene schedule folds after making verdicts, so a
+  in one statement instead, and so does a mark standing for every entry of the workspace
+  (``rank_triggers.EVERY_ENTRY``: what a large run's batch writes instead of its own,
+  ``rank_triggers.unmarked``). The worker's hygiene schedule folds after making verdicts, so a
   reader usually finds nothing to fold.
 - **Read with what changes by itself.** A hold ends with time and the excluded tags are the
   policy's: both are applied when the queue is read (``held_at`` is kept in the row).
@@ -38,6 +40,7 @@ from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Window
 
 from maintenance.hygiene_text import CANDIDATE_SCORE, FEEDBACK_FLAGS, POINTS, Pattern, patterns_key
 from maintenance.models import HygieneRank, HygieneRankDirty, HygieneRankState
+from maintenance.rank_triggers import EVERY_ENTRY
 from memory.capped import capped_count, capped_counts
 from memory.models import Entry, Workspace
 from memory.models.choices import LIVE_STATUSES, MANAGED_SOURCES, Status
@@ -112,6 +115,7 @@ def rebuild(
             and state is not None
             and state.rank_key == key
             and capped_count(marks, cap=unless_within) <= unless_within
+            and not marks.filter(entry_id=EVERY_ENTRY).exists()
         ):
             return None
         marks.delete()
@@ -124,14 +128,15 @@ def rebuild(
 
 
 class _Rebuild(Exception):
-    """A batch would recompute more entries than a rebuild is worth."""
+    """A batch would recompute more entries than a rebuild is worth, or claimed a mark that
+    stands for every entry."""
 
 
 def _fold_batch(workspace: Workspace, patterns: Sequence[Pattern], batch: int, most: int) -> int | None:
     """Claim up to ``batch`` marks and recompute their entries' rows and their copies' (one
     transaction). Returns the marks claimed; None when the rank must be rebuilt instead (a
     different key), and raises ``_Rebuild``, claiming nothing, when that would be more than
-    ``most`` entries."""
+    ``most`` entries or a claimed mark stands for every entry (``EVERY_ENTRY``)."""
     with transaction.atomic():
         state = _state(workspace)
         if state is None or state.rank_key != rank_key(patterns):
@@ -148,6 +153,8 @@ def _fold_batch(workspace: Workspace, patterns: Sequence[Pattern], batch: int, m
         if not claimed:
             return 0
         ids = {pk for pk, _ in claimed}
+        if EVERY_ENTRY in ids:  # a large run's batch marked the whole workspace: the claim rolls back
+            raise _Rebuild
         hashes = {h for _, h in claimed if h is not None}
         if hashes:
             ids |= set(

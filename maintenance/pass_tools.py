@@ -10,15 +10,17 @@ any point leaves no half-applied batch. Inside a plan it records the new statuse
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
-from maintenance import batch_workers, plan_status
+from maintenance import batch_workers, hygiene_rank, plan_status, rank_triggers
 from maintenance.models import PlanScore
 from memory import lifecycle
 from memory.models import Entry, Relationship, Workspace
@@ -259,8 +261,13 @@ def transition(
             result.rows.extend(_detail_rows(rows, detail_fields))
         result.ids.extend(r["pk"] for r in rows)
 
+    walked = _ids_of(candidates, ids)
+    # So many changes that the hygiene rank will be rebuilt after them: a batch writes one
+    # mark for the workspace instead of one per entry (``rank_triggers.unmarked``).
+    opened = partial(batch_transaction, ctx.workspace.pk, unmarked=len(walked) > hygiene_rank.REBUILD_OVER)
+
     def one_statement(batch: Sequence[int]) -> list[dict[str, Any]] | None:
-        with transaction.atomic():
+        with opened():
             changed = lifecycle.change_selected(
                 ctx.workspace.pk,
                 candidates.filter(pk__any_of=batch),
@@ -276,10 +283,10 @@ def transition(
     # Without details to report, a batch is one statement on PostgreSQL
     # (``lifecycle.change_selected``); otherwise its rows are read, then written (``write``).
     fast = connection.vendor == "postgresql" and not detail_fields and not details_of and not ctx.planning
-    batches = lifecycle.batches(_ids_of(candidates, ids), ctx.batch_size, spread=spread)
+    batches = lifecycle.batches(walked, ctx.batch_size, spread=spread)
 
     def read_then_write(batch: Sequence[int]) -> list[dict[str, Any]] | None:
-        return _locked_batch(candidates, fields, batch, write)
+        return _locked_batch(candidates, fields, batch, write, opened)
 
     # The pre-prune backup before the first batch that changes a row (``write``), so one
     # batch at a time in the caller's thread until one has: it must not race a batch.
@@ -295,6 +302,27 @@ def transition(
     result.rows.sort(key=lambda r: r["id"])
     result.count = len(result.ids)
     return result
+
+
+@contextmanager
+def batch_transaction(workspace_id: int, *, unmarked: bool = False) -> Iterator[None]:
+    """The transaction of one batch of a transition (a savepoint inside a caller's): with
+    ``unmarked``, one that leaves a single hygiene-rank mark for the workspace
+    (``rank_triggers.unmarked``).
+
+    On PostgreSQL its commit does not wait for the WAL to reach the disk (``synchronous_commit``
+    off, for this transaction only). A crash of the database server may then lose the last
+    batches committed — whole, never part of one — and the run, whose row is written with an
+    ordinary commit at its end, is marked failed by the next, as any interrupted run; what was
+    committed before an ordinary commit (the pre-prune backup's record before the first batch,
+    the run's end after the last) is on disk with it. A killed process loses nothing more than
+    before. Two or three milliseconds of every batch were the wait (bench/reports/maintenance.md,
+    "Where a batch's time goes")."""
+    with rank_triggers.unmarked(workspace_id) if unmarked else transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit = off")
+        yield
 
 
 def planned(ctx: RunContext, key: str) -> Sequence[int] | None:
@@ -352,10 +380,11 @@ def _locked_batch(
     fields: tuple[str, ...],
     batch: Sequence[int],
     write: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+    opened: Callable[[], AbstractContextManager[Any]] = transaction.atomic,
 ) -> list[dict[str, Any]] | None:
-    """One batch of a transition in one transaction: its rows still candidates locked, read
-    again and written (``write``); None when none qualifies any more."""
-    with transaction.atomic():
+    """One batch of a transition in one transaction (``opened``): its rows still candidates
+    locked, read again and written (``write``); None when none qualifies any more."""
+    with opened():
         rows = _locked_rows(candidates, fields, batch)
         return write(rows) if rows else None
 

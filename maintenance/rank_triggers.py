@@ -6,12 +6,20 @@ reads (``maintenance.hygiene_rank``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 DIRTY = "maintenance_hygienerankdirty"
+# A setting of the session the entries' trigger obeys on PostgreSQL: 'off' (for the rest of
+# one transaction, inside ``unmarked``), the trigger writes no mark.
+MARKS_SETTING = "memory_steward.rank_marks"
+# The entry id of a mark that stands for every entry of its workspace: the next fold rebuilds
+# the workspace's rank (no entry has id 0).
+EVERY_ENTRY = 0
 # The entry's columns the rank reads; a change of any of them marks the entry.
 RANK_COLUMNS = (
     "workspace_id",
@@ -36,11 +44,18 @@ def _changed(columns: tuple[str, ...], op: str) -> str:
     return " OR ".join(f"n.{c} {op} o.{c}" for c in columns)
 
 
-POSTGRESQL_INSTALL = [
-    f"""
-CREATE FUNCTION hygiene_rank_mark_entries() RETURNS trigger LANGUAGE plpgsql AS $$
+def entries_function(*, obeys_setting: bool = True, create: str = "CREATE") -> str:
+    """The PostgreSQL function of the entries' triggers; with ``obeys_setting``, a transaction
+    inside ``unmarked`` skips it (migration maintenance 0011 added that)."""
+    quiet = (
+        f"  IF current_setting('{MARKS_SETTING}', true) = 'off' THEN RETURN NULL; END IF;\n"
+        if obeys_setting
+        else ""
+    )
+    return f"""
+{create} FUNCTION hygiene_rank_mark_entries() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  IF TG_OP = 'INSERT' THEN
+{quiet}  IF TG_OP = 'INSERT' THEN
     INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)
     SELECT n.workspace_id, n.id, n.content_hash FROM new_rows n WHERE n.is_latest;
   ELSIF TG_OP = 'DELETE' THEN
@@ -59,7 +74,11 @@ BEGIN
                            OR n.workspace_id IS DISTINCT FROM o.workspace_id);
   END IF;
   RETURN NULL;
-END $$""",
+END $$"""
+
+
+POSTGRESQL_INSTALL = [
+    entries_function(),
     f"""
 CREATE FUNCTION hygiene_rank_mark_assessments() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -154,6 +173,45 @@ SQLITE_NAMES = tuple(
     )
 )
 SQLITE_REMOVE = [f"DROP TRIGGER IF EXISTS {name}" for name in SQLITE_NAMES]
+
+
+@contextmanager
+def unmarked(workspace_id: int) -> Iterator[None]:
+    """One transaction (a savepoint inside the caller's) whose changes of entries the
+    triggers do not mark one by one: on PostgreSQL the entries' trigger is skipped for its
+    statements, and one mark standing for every entry of the workspace (``EVERY_ENTRY``) is
+    written instead when it commits, so the next fold rebuilds the rank. For a batch of a pass
+    that changes more entries than a fold would fold one by one (``hygiene_rank.REBUILD_OVER``):
+    the rank is rebuilt after it anyway, and the marks' INSERT was 1.4–3.5 ms of each ~12 ms
+    batch of 500 status changes (bench/reports/maintenance.md, "Where a batch's time goes").
+    The setting lasts as long as the transaction (or is undone with the savepoint), so no
+    other statement of the session goes unmarked. On SQLite (row triggers, no setting) an
+    ordinary transaction: every change is marked."""
+    with transaction.atomic():
+        if connection.vendor != "postgresql":
+            yield
+            return
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config(%s, 'off', true)", [MARKS_SETTING])
+        yield
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)"
+                " SELECT %s, %s, NULL FROM (SELECT set_config(%s, 'on', true)) AS marked_again",
+                [workspace_id, EVERY_ENTRY, MARKS_SETTING],
+            )
+
+
+def obey_setting(apps, schema_editor) -> None:  # type: ignore[no-untyped-def]
+    """Migration maintenance 0011: the entries' trigger function learns ``MARKS_SETTING``."""
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(entries_function(create="CREATE OR REPLACE"))
+
+
+def ignore_setting(apps, schema_editor) -> None:  # type: ignore[no-untyped-def]
+    """Migration maintenance 0011 reversed: the function as 0010 made it."""
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(entries_function(obeys_setting=False, create="CREATE OR REPLACE"))
 
 
 def _run(schema_editor, statements: dict[str, list[str]]) -> None:  # type: ignore[no-untyped-def]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import datetime
 from functools import partial
 from pathlib import PurePosixPath
@@ -24,7 +25,7 @@ from django.core.management.color import no_style
 from django.db import DataError, IntegrityError, connection, models, transaction
 from django.utils import timezone
 
-from maintenance import backup_files
+from maintenance import backup_files, hygiene_rank, rank_triggers
 from maintenance.backup_files import (
     KIND_BY_NAME,
     KINDS,
@@ -521,16 +522,24 @@ def _restore(
             MaintenancePolicy.objects.create(workspace=workspace)
 
     writer = _Writer(workspace.pk, taken_at, index, force=force)
-    try:
-        # The file was verified; this scan checks it again at its end, and it must be that file.
-        if backup_files.scan(path, writer, progress, on_line=writer).trailer.get("sha256") != verified:
-            raise BackupError(f"{_file_name(path)} changed while it was restored; nothing was restored")
-        writer.flush()
-        writer.leave_latest()  # a backup without entries still counts the entries it keeps
-        writer.writes.finish()
-    except BaseException as exc:
-        writer.writes.abandon(exc)
-        raise
+    # A backup of more entries than the hygiene rank folds one by one: the rank is rebuilt
+    # after the restore, and its writes leave one mark for the workspace instead of one per row.
+    marks = (
+        rank_triggers.unmarked(workspace.pk)
+        if len(index.entry_ids) > hygiene_rank.REBUILD_OVER
+        else nullcontext()
+    )
+    with marks:
+        try:
+            # The file was verified; this scan checks it again at its end, and it must be that file.
+            if backup_files.scan(path, writer, progress, on_line=writer).trailer.get("sha256") != verified:
+                raise BackupError(f"{_file_name(path)} changed while it was restored; nothing was restored")
+            writer.flush()
+            writer.leave_latest()  # a backup without entries still counts the entries it keeps
+            writer.writes.finish()
+        except BaseException as exc:
+            writer.writes.abandon(exc)  # out of pipeline mode before the transaction rolls back
+            raise
 
     if writer.clashes:
         raise RestoreRefused(

@@ -428,7 +428,8 @@ def test_every_table_of_a_workspace_is_in_the_backup_or_deliberately_left_out():
     # Proposals are left out: the next run of a restored workspace proposes anew. Stored
     # idempotent answers are transport (24 h), not the workspace's data. The per-day counts of
     # folded runs are a summary of history already dropped, not data a restore needs. The kept
-    # hygiene rank is derived from the entries: the restore's writes mark them, and it folds.
+    # hygiene rank is derived from the entries: the restore's writes mark them (a large
+    # restore marks the whole workspace), and it folds or rebuilds.
     left_out = {
         Membership,
         ApiKey,

@@ -12,8 +12,8 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 
-from maintenance import batch_workers, pass_tools, passes
-from maintenance.models import MaintenanceRun
+from maintenance import batch_workers, hygiene_rank, pass_tools, passes, rank_triggers
+from maintenance.models import HygieneRankDirty, MaintenanceRun
 from maintenance.run_start import run_maintenance
 from memory import lifecycle, new_entries
 from memory.models import Entry, LifecycleEvent, Tombstone
@@ -319,3 +319,43 @@ def test_a_run_over_several_connections_applies_exactly_what_its_dry_run_reporte
     assert real["counts"] == dry["counts"] and real["affected"] == dry["affected"]
     # Both kinds idle for 100 days are marked stale; the episodic ones, cold, are evicted.
     assert real["counts"]["stale_marked"] == 28 and real["counts"]["evicted"] == 14
+
+
+@postgresql
+@pytest.mark.parametrize("many", [False, True], ids=["few", "many"])
+def test_a_batch_commits_without_waiting_for_the_disk_and_a_large_pass_marks_the_workspace_once(
+    workspace, now, settings, monkeypatch, many
+):
+    """Each batch's transaction, on whichever connection: ``synchronous_commit`` off, and the
+    hygiene rank's marks off when the pass changes more entries than a fold takes one by one
+    (``pass_tools.batch_transaction``); both only for that transaction."""
+    settings.MAINTENANCE_BATCH_WORKERS = 2
+    ids = _idle(workspace, now, 12)
+    HygieneRankDirty.objects.all().delete()
+    seen: list[tuple[str, str | None]] = []
+    original = lifecycle.change_selected
+
+    def settings_now() -> tuple[str, str | None]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('synchronous_commit'), current_setting(%s, true)",
+                [rank_triggers.MARKS_SETTING],
+            )
+            return cursor.fetchone()
+
+    def spy(*args, **kwargs):
+        seen.append(settings_now())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "change_selected", spy)
+    monkeypatch.setattr(hygiene_rank, "REBUILD_OVER", 11 if many else 12)
+    assert passes.mark_stale(_context(workspace, now, batch_size=4)).ids == ids
+    assert len(seen) == 3 and {s[0] for s in seen} == {"off"}
+    assert {s[1] == "off" for s in seen} == {many}
+    marks = list(HygieneRankDirty.objects.order_by("id").values_list("entry_id", flat=True))
+    if many:
+        assert marks == [rank_triggers.EVERY_ENTRY] * 3
+    else:
+        assert sorted(marks) == ids
+    after = settings_now()
+    assert after[0] == "on" and after[1] != "off"

@@ -8,15 +8,24 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 
-from maintenance import hygiene, hygiene_actions, hygiene_rank, rank_triggers
+from maintenance import backups, hygiene, hygiene_actions, hygiene_rank, pass_tools, rank_triggers, restore
 from maintenance.hygiene import read_policy
 from maintenance.hygiene_text import CANDIDATE_SCORE
-from maintenance.models import HygieneAssessment, HygieneRank, HygieneRankDirty, HygieneRankState
+from maintenance.models import (
+    HygieneAssessment,
+    HygieneRank,
+    HygieneRankDirty,
+    HygieneRankState,
+    MaintenanceRun,
+)
+from maintenance.pass_tools import RunContext
 from maintenance.tasks import assess_hygiene_verdicts
 from memory import entry_changes, entry_signals, holds, new_entries
 from memory.models import Entry
-from memory.models.choices import HoldReason
+from memory.models.choices import HoldReason, Status
+from memory.policy import PolicyValues
 from memory.policy_model import MaintenancePolicy
+from tests.test_backups import backup_path
 from tests.test_hygiene import GOOD, JUNK, make
 
 pytestmark = pytest.mark.django_db
@@ -307,3 +316,96 @@ def test_a_migration_that_rebuilds_the_entry_table_runs_and_the_triggers_come_ba
     Entry.objects.filter(pk=entry.pk).update(last_feedback="wrong")
     assert HygieneRankDirty.objects.filter(entry_id=entry.pk).exists()
     assert folded(workspace) == {(entry.pk, 6)}
+
+
+def _marks(workspace):
+    return list(
+        HygieneRankDirty.objects.filter(workspace_id=workspace.pk)
+        .order_by("id")
+        .values_list("entry_id", flat=True)
+    )
+
+
+def test_a_mark_for_every_entry_rebuilds_the_rank_whatever_else_is_marked(workspace, mixed, now):
+    folded(workspace)
+    _, patterns = read_policy(workspace)
+    HygieneRank.objects.filter(workspace=workspace).delete()  # rows lost: only a rebuild brings them back
+    entry_signals.entry_feedback(workspace=workspace, entry_id=mixed["good"].pk, signal="stale", now=now)
+    HygieneRankDirty.objects.create(workspace_id=workspace.pk, entry_id=rank_triggers.EVERY_ENTRY)
+    # Claimed in the second batch of one mark: that claim rolls back and the rank is rebuilt.
+    assert hygiene_rank.fold(workspace, patterns, batch=1) == {"folded": 1, "rebuilt": len(fresh(workspace))}
+    assert not _marks(workspace) and kept(workspace) == fresh(workspace)
+    # A rebuild decided before the lock does not yield to a current key while such a mark waits.
+    HygieneRankDirty.objects.create(workspace_id=workspace.pk, entry_id=rank_triggers.EVERY_ENTRY)
+    assert hygiene_rank.rebuild(workspace, patterns, unless_within=10) == len(fresh(workspace))
+
+
+def test_changes_inside_unmarked_leave_one_mark_for_every_entry_and_the_setting_ends_with_them(
+    workspace, mixed, now
+):
+    folded(workspace)
+    postgresql = connection.vendor == "postgresql"
+    junk, good, flagged = (mixed[k].pk for k in ("junk", "good", "flagged"))  # in id order
+    with rank_triggers.unmarked(workspace.pk):
+        Entry.objects.filter(pk__in=[good, junk]).update(last_feedback="stale")
+        assert _marks(workspace) == ([] if postgresql else [junk, good])
+    # PostgreSQL: one mark for the workspace instead of the entries' (SQLite marks every row).
+    assert _marks(workspace) == ([rank_triggers.EVERY_ENTRY] if postgresql else [junk, good])
+    assert kept(workspace) != fresh(workspace)
+    Entry.objects.filter(pk=flagged).update(last_feedback="")  # after it: marked again
+    assert _marks(workspace)[-1] == flagged
+    assert folded(workspace)
+    # Undone with its transaction, the setting too: the next change is marked.
+    with pytest.raises(RuntimeError), rank_triggers.unmarked(workspace.pk):
+        Entry.objects.filter(pk=good).update(last_feedback="")
+        raise RuntimeError("the batch fails")
+    assert not _marks(workspace)
+    Entry.objects.filter(pk=junk).update(last_feedback="")
+    assert _marks(workspace) == [junk]
+    folded(workspace)
+
+
+def test_a_pass_changing_more_entries_than_a_fold_takes_marks_the_workspace_once_per_batch(
+    workspace, mixed, now, monkeypatch
+):
+    folded(workspace)
+    ids = sorted(mixed[k].pk for k in ("junk", "good", "second copy", "code agent", "flagged"))
+    run = MaintenanceRun.objects.create(workspace=workspace, kind="full", trigger="cli")
+    ctx = RunContext(workspace=workspace, now=now, policy=PolicyValues(), run=run, batch_size=2)
+
+    def stale_then_back(status: str) -> None:
+        done = pass_tools.transition(ctx, Entry.objects.filter(pk__in=ids), to_status=status, reason="stale")
+        assert done.ids == ids
+
+    monkeypatch.setattr(hygiene_rank, "REBUILD_OVER", 4)  # five entries: more than a fold takes
+    stale_then_back(Status.STALE)
+    if connection.vendor == "postgresql":  # three batches, one mark each
+        assert _marks(workspace) == [rank_triggers.EVERY_ENTRY] * 3
+    else:  # SQLite's row triggers mark every entry
+        assert sorted(_marks(workspace)) == ids
+    assert kept(workspace) != fresh(workspace)
+    folded(workspace)
+    assert not {pk for pk, _ in kept(workspace)} & set(ids)
+    monkeypatch.setattr(hygiene_rank, "REBUILD_OVER", 5)  # no more than a fold takes: one by one
+    stale_then_back(Status.ACTIVE)
+    assert sorted(_marks(workspace)) == ids
+    assert {mixed[k].pk for k in ("junk", "second copy", "flagged")} <= {pk for pk, _ in folded(workspace)}
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
+def test_a_restore_marks_its_rows_or_for_a_large_backup_the_workspace(
+    workspace, mixed, now, monkeypatch, large
+):
+    folded(workspace)
+    backup = backups.write_backup(workspace, now=now)
+    junk, good = mixed["junk"].pk, mixed["good"].pk
+    Entry.objects.filter(pk__in=[junk, good]).update(last_feedback="wrong")
+    before = folded(workspace)
+    monkeypatch.setattr(hygiene_rank, "REBUILD_OVER", 3 if large else 100)  # the backup has 10 entries
+    restore.restore_backup(backup_path(backup), force=True, now=now)
+    if large and connection.vendor == "postgresql":
+        assert _marks(workspace) == [rank_triggers.EVERY_ENTRY]
+    else:
+        assert {junk, good} <= set(_marks(workspace))
+    after = folded(workspace)
+    assert after != before and (good, 2) not in after  # the feedback undone
