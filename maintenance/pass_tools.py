@@ -310,16 +310,19 @@ def batch_transaction(workspace_id: int, *, unmarked: bool = False) -> Iterator[
     ``unmarked``, one that leaves a single hygiene-rank mark for the workspace
     (``rank_triggers.unmarked``).
 
-    On PostgreSQL its commit does not wait for the WAL to reach the disk (``synchronous_commit``
-    off, for this transaction only). A crash of the database server may then lose the last
-    batches committed — whole, never part of one — and the run, whose row is written with an
-    ordinary commit at its end, is marked failed by the next, as any interrupted run; what was
-    committed before an ordinary commit (the pre-prune backup's record before the first batch,
-    the run's end after the last) is on disk with it. A killed process loses nothing more than
-    before. Two or three milliseconds of every batch were the wait (bench/reports/maintenance.md,
-    "Where a batch's time goes")."""
+    On PostgreSQL, when it is a transaction of its own (not inside a caller's), its commit
+    does not wait for the WAL to reach the disk (``synchronous_commit`` off, for this
+    transaction only). A crash of the database server may then lose the last batches
+    committed — whole, never part of one, a pre-prune backup's record with the batch it
+    was written in — and the run, whose row is written with an ordinary commit at its end,
+    is marked failed by the next, as any interrupted run; the WAL is written in order, so
+    every batch committed before an ordinary commit (a lease renewal, the run's end) is on
+    disk with it. A killed process loses nothing more than before. Two or three
+    milliseconds of every batch were the wait (bench/reports/maintenance.md, "Where a
+    batch's time goes")."""
+    outermost = not connection.in_atomic_block
     with rank_triggers.unmarked(workspace_id) if unmarked else transaction.atomic():
-        if connection.vendor == "postgresql":
+        if connection.vendor == "postgresql" and outermost:
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL synchronous_commit = off")
         yield

@@ -175,31 +175,54 @@ SQLITE_NAMES = tuple(
 SQLITE_REMOVE = [f"DROP TRIGGER IF EXISTS {name}" for name in SQLITE_NAMES]
 
 
-@contextmanager
-def unmarked(workspace_id: int) -> Iterator[None]:
-    """One transaction (a savepoint inside the caller's) whose changes of entries the
-    triggers do not mark one by one: on PostgreSQL the entries' trigger is skipped for its
-    statements, and one mark standing for every entry of the workspace (``EVERY_ENTRY``) is
-    written instead when it commits, so the next fold rebuilds the rank. For a batch of a pass
-    that changes more entries than a fold would fold one by one (``hygiene_rank.REBUILD_OVER``):
-    the rank is rebuilt after it anyway, and the marks' INSERT was 1.4–3.5 ms of each ~12 ms
-    batch of 500 status changes (bench/reports/maintenance.md, "Where a batch's time goes").
-    The setting lasts as long as the transaction (or is undone with the savepoint), so no
-    other statement of the session goes unmarked. On SQLite (row triggers, no setting) an
-    ordinary transaction: every change is marked."""
-    with transaction.atomic():
-        if connection.vendor != "postgresql":
-            yield
+class Unmarked:
+    """The marks of one transaction (``unmarked``): ``begin`` turns the entries' trigger off
+    for the rest of it (PostgreSQL; a no-op on SQLite), and the transaction then ends with one
+    mark standing for every entry of the workspace."""
+
+    def __init__(self, workspace_id: int) -> None:
+        self.workspace_id = workspace_id
+        self.off = False
+
+    def begin(self) -> None:
+        if self.off or connection.vendor != "postgresql":
             return
         with connection.cursor() as cursor:
             cursor.execute("SELECT set_config(%s, 'off', true)", [MARKS_SETTING])
-        yield
+        self.off = True
+
+    def end(self) -> None:
+        if not self.off:
+            return
         with connection.cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {DIRTY} (workspace_id, entry_id, content_hash)"
                 " SELECT %s, %s, NULL FROM (SELECT set_config(%s, 'on', true)) AS marked_again",
-                [workspace_id, EVERY_ENTRY, MARKS_SETTING],
+                [self.workspace_id, EVERY_ENTRY, MARKS_SETTING],
             )
+        self.off = False
+
+
+@contextmanager
+def unmarked(workspace_id: int, *, begin: bool = True) -> Iterator[Unmarked]:
+    """One transaction (a savepoint inside the caller's) whose changes of entries the
+    triggers do not mark one by one once it has begun (at once, or when the caller calls
+    ``begin`` on what it yields): on PostgreSQL the entries' trigger is skipped for its
+    statements from then on, and one mark standing for every entry of the workspace
+    (``EVERY_ENTRY``) is written before it commits, so the next fold rebuilds the rank. For a
+    batch of a pass that changes more entries than a fold would fold one by one
+    (``hygiene_rank.REBUILD_OVER``), or a restore once it has written that many: the rank is
+    rebuilt after it anyway, and the marks' INSERT was 1.4–3.5 ms of each ~12 ms batch of 500
+    status changes (bench/reports/maintenance.md, "Where a batch's time goes"). The setting
+    lasts as long as the transaction (or is undone with the savepoint), so no other statement
+    of the session goes unmarked. On SQLite (row triggers, no setting) an ordinary
+    transaction: every change is marked."""
+    with transaction.atomic():
+        marks = Unmarked(workspace_id)
+        if begin:
+            marks.begin()
+        yield marks
+        marks.end()
 
 
 def obey_setting(apps, schema_editor) -> None:  # type: ignore[no-untyped-def]
@@ -209,7 +232,8 @@ def obey_setting(apps, schema_editor) -> None:  # type: ignore[no-untyped-def]
 
 
 def ignore_setting(apps, schema_editor) -> None:  # type: ignore[no-untyped-def]
-    """Migration maintenance 0011 reversed: the function as 0010 made it."""
+    """Migration maintenance 0011 reversed: the function without the setting (as 0010 made
+    it before 0011 existed)."""
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(entries_function(obeys_setting=False, create="CREATE OR REPLACE"))
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable
-from contextlib import nullcontext
 from datetime import datetime
 from functools import partial
 from pathlib import PurePosixPath
@@ -211,8 +210,19 @@ class _Writer:
     before the next is read. What must be refused (clashes, newer rows) is counted on the way
     and refused at the end, in the same transaction, which the refusal rolls back."""
 
-    def __init__(self, ws_id: int, taken_at: datetime, index: _Index, *, force: bool):
+    def __init__(
+        self,
+        ws_id: int,
+        taken_at: datetime,
+        index: _Index,
+        *,
+        force: bool,
+        marks: rank_triggers.Unmarked,
+    ):
         self.ws_id = ws_id
+        # The hygiene rank's marks, turned off once the entries written pass what a fold
+        # takes one by one (``rank_triggers.unmarked``); the ones written before stay.
+        self.marks = marks
         self.taken_at = taken_at
         self.force = force
         self.index = index
@@ -432,6 +442,13 @@ class _Writer:
             self.newer[kind.name] = self.newer.get(kind.name, 0) + plan.newer
         if self.refused:
             return  # the restore will be refused: nothing more is written, only counted
+        if kind.name == "entry" and not self.marks.off:
+            written = (
+                self.inserted["entry"] + self.overwritten["entry"] + len(plan.inserts) + len(plan.updates)
+            )
+            if written > hygiene_rank.REBUILD_OVER:
+                self.writes.wait()  # out of pipeline mode: the setting goes before these writes
+                self.marks.begin()
         if plan.inserts:
             self.writes.hold(partial(insert_rows, kind, plan.inserts, self.ws_id))
         if plan.updates:
@@ -521,15 +538,10 @@ def _restore(
         if not index.policy:
             MaintenancePolicy.objects.create(workspace=workspace)
 
-    writer = _Writer(workspace.pk, taken_at, index, force=force)
-    # A backup of more entries than the hygiene rank folds one by one: the rank is rebuilt
-    # after the restore, and its writes leave one mark for the workspace instead of one per row.
-    marks = (
-        rank_triggers.unmarked(workspace.pk)
-        if len(index.entry_ids) > hygiene_rank.REBUILD_OVER
-        else nullcontext()
-    )
-    with marks:
+    # Once it has written more entries than the hygiene rank folds one by one, the restore's
+    # writes leave one mark for the workspace instead of one per row: the rank is rebuilt after.
+    with rank_triggers.unmarked(workspace.pk, begin=False) as marks:
+        writer = _Writer(workspace.pk, taken_at, index, force=force, marks=marks)
         try:
             # The file was verified; this scan checks it again at its end, and it must be that file.
             if backup_files.scan(path, writer, progress, on_line=writer).trailer.get("sha256") != verified:

@@ -322,17 +322,20 @@ def test_a_run_over_several_connections_applies_exactly_what_its_dry_run_reporte
 
 
 @postgresql
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("many", [False, True], ids=["few", "many"])
 def test_a_batch_commits_without_waiting_for_the_disk_and_a_large_pass_marks_the_workspace_once(
-    workspace, now, settings, monkeypatch, many
+    workspace, now, settings, monkeypatch, many, workers
 ):
     """Each batch's transaction, on whichever connection: ``synchronous_commit`` off, and the
     hygiene rank's marks off when the pass changes more entries than a fold takes one by one
-    (``pass_tools.batch_transaction``); both only for that transaction."""
-    settings.MAINTENANCE_BATCH_WORKERS = 2
+    (``pass_tools.batch_transaction``); both only for that transaction: the connection that
+    ran a batch is back to both after it (and a worker's is closed)."""
+    settings.MAINTENANCE_BATCH_WORKERS = workers
     ids = _idle(workspace, now, 12)
     HygieneRankDirty.objects.all().delete()
-    seen: list[tuple[str, str | None]] = []
+    inside: list[tuple[str, str | None]] = []
+    after: list[tuple[str, str | None]] = []
     original = lifecycle.change_selected
 
     def settings_now() -> tuple[str, str | None]:
@@ -344,18 +347,21 @@ def test_a_batch_commits_without_waiting_for_the_disk_and_a_large_pass_marks_the
             return cursor.fetchone()
 
     def spy(*args, **kwargs):
-        seen.append(settings_now())
+        inside.append(settings_now())
         return original(*args, **kwargs)
+
+    def heartbeat() -> bool:  # in the caller's thread, between batches
+        after.append(settings_now())
+        return True
 
     monkeypatch.setattr(lifecycle, "change_selected", spy)
     monkeypatch.setattr(hygiene_rank, "REBUILD_OVER", 11 if many else 12)
-    assert passes.mark_stale(_context(workspace, now, batch_size=4)).ids == ids
-    assert len(seen) == 3 and {s[0] for s in seen} == {"off"}
-    assert {s[1] == "off" for s in seen} == {many}
+    assert passes.mark_stale(_context(workspace, now, batch_size=4, renew=heartbeat)).ids == ids
+    assert len(inside) == 3 and {s[0] for s in inside} == {"off"}
+    assert {s[1] == "off" for s in inside} == {many}
+    assert after and all(s[0] == "on" and s[1] != "off" for s in after)
     marks = list(HygieneRankDirty.objects.order_by("id").values_list("entry_id", flat=True))
     if many:
         assert marks == [rank_triggers.EVERY_ENTRY] * 3
     else:
         assert sorted(marks) == ids
-    after = settings_now()
-    assert after[0] == "on" and after[1] != "off"

@@ -390,22 +390,38 @@ def test_a_pass_changing_more_entries_than_a_fold_takes_marks_the_workspace_once
     stale_then_back(Status.ACTIVE)
     assert sorted(_marks(workspace)) == ids
     assert {mixed[k].pk for k in ("junk", "second copy", "flagged")} <= {pk for pk, _ in folded(workspace)}
+    # A pass that reports per-row details reads each batch, then writes it: marked the same.
+    monkeypatch.setattr(hygiene_rank, "REBUILD_OVER", 4)
+    archived = pass_tools.transition(
+        ctx,
+        Entry.objects.filter(pk__in=ids),
+        to_status=Status.ARCHIVED,
+        reason="test",
+        detail_fields=("tier",),
+    )
+    assert archived.ids == ids and len(archived.rows) == 5
+    if connection.vendor == "postgresql":
+        assert _marks(workspace) == [rank_triggers.EVERY_ENTRY] * 3
+    else:
+        assert sorted(_marks(workspace)) == ids
+    assert not {pk for pk, _ in folded(workspace)} & set(ids)
 
 
-@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
-def test_a_restore_marks_its_rows_or_for_a_large_backup_the_workspace(
-    workspace, mixed, now, monkeypatch, large
+@pytest.mark.parametrize("rebuild_over", [1, 3, 100])
+def test_a_restore_marks_its_rows_or_once_it_wrote_many_the_workspace(
+    workspace, mixed, now, monkeypatch, rebuild_over
 ):
     folded(workspace)
     backup = backups.write_backup(workspace, now=now)
     junk, good = mixed["junk"].pk, mixed["good"].pk
     Entry.objects.filter(pk__in=[junk, good]).update(last_feedback="wrong")
     before = folded(workspace)
-    monkeypatch.setattr(hygiene_rank, "REBUILD_OVER", 3 if large else 100)  # the backup has 10 entries
+    # The backup holds 10 entries; the restore writes the 2 changed since.
+    monkeypatch.setattr(hygiene_rank, "REBUILD_OVER", rebuild_over)
     restore.restore_backup(backup_path(backup), force=True, now=now)
-    if large and connection.vendor == "postgresql":
+    if rebuild_over < 2 and connection.vendor == "postgresql":
         assert _marks(workspace) == [rank_triggers.EVERY_ENTRY]
-    else:
-        assert {junk, good} <= set(_marks(workspace))
+    else:  # a large backup of few changes marks them one by one: a fold, not a rebuild
+        assert sorted(_marks(workspace)) == [junk, good]
     after = folded(workspace)
     assert after != before and (good, 2) not in after  # the feedback undone
