@@ -383,7 +383,7 @@ def _locked_batch(
     fields: tuple[str, ...],
     batch: Sequence[int],
     write: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
-    opened: Callable[[], AbstractContextManager[Any]] = transaction.atomic,
+    opened: Callable[[], AbstractContextManager[Any]],
 ) -> list[dict[str, Any]] | None:
     """One batch of a transition in one transaction (``opened``): its rows still candidates
     locked, read again and written (``write``); None when none qualifies any more."""

@@ -194,7 +194,7 @@ def test_a_stop_while_the_workers_write_leaves_every_batch_whole(workspace, now,
 @postgresql
 @pytest.mark.parametrize("details", [True, False], ids=["sweep, batches read then written", "one statement"])
 def test_the_pre_prune_backup_is_taken_once_in_the_run_s_thread_before_any_tombstone(
-    workspace, now, settings, details
+    workspace, now, settings, monkeypatch, details
 ):
     """Whether a batch is read then written (a decay sweep reports each eviction's details)
     or one statement (``lifecycle.change_selected``, a full run's), the backup comes first."""
@@ -210,15 +210,12 @@ def test_the_pre_prune_backup_is_taken_once_in_the_run_s_thread_before_any_tombs
         statements.append(1)
         return selected(*args, **kwargs)
 
-    lifecycle.change_selected = counted
+    monkeypatch.setattr(lifecycle, "change_selected", counted)
     backups: list[tuple[int, int]] = []
     ctx.before_destructive = lambda: backups.append(
         (threading.get_ident(), Tombstone.objects.filter(run=ctx.run).count())
     )
-    try:
-        result = passes.decay(ctx)
-    finally:
-        lifecycle.change_selected = selected
+    result = passes.decay(ctx)
     assert result.count == 20
     assert backups == [(threading.get_ident(), 0)]
     assert (len(statements) == 9) == (not details) and (not statements) == details  # 10 batches, 1 alone
