@@ -19,7 +19,7 @@ import json
 import logging
 import re
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -316,6 +316,7 @@ def scan(
     *,
     on_line: Callable[[str, Raw], None] | None = None,
     loads: Loads = _json_loads,
+    counted: Collection[str] = (),
 ) -> _Counted:
     """Stream a backup file once, calling ``on_row(kind, row)`` for each well-formed row in file
     order, and verify it as a whole at the end: (header, trailer, rows per kind). With
@@ -323,13 +324,17 @@ def scan(
     handed over unparsed instead, as ``on_line(kind, Raw(id, line, digest))`` (the writing scan of a
     file the verifying scan has read whole). ``loads``: orjson's for a scan that only checks
     the rows and keeps their ids (three times faster, but it reads integers beyond 64 bits as
-    floats: a scan whose rows are written keeps json's).
+    floats: a scan whose rows are written keeps json's). ``counted``: kinds of ``DIGESTED``
+    whose lines written as this version writes them are only counted and hashed, neither
+    parsed nor handed out (a restore's verifying scan: its writing scan checks every such line
+    it parses; see ``restore``).
 
     Raises BackupError when the file is unreadable, truncated (no trailer), altered (checksum
     mismatch), inconsistent (counts mismatch) or not in a format this version reads. The rows
     were handed out before that verdict: a caller that writes them does so in a transaction that
     the error rolls back (or verifies the file in an earlier scan).
     """
+    by_start = on_line is not None or bool(counted)  # some lines are recognised by their start
     digest = hashlib.sha256()
     found = dict.fromkeys(ALL_KINDS, 0)
     header: Header | None = None
@@ -342,11 +347,12 @@ def scan(
                 if previous is not None:
                     digest.update(previous)
                     row: Any = None
-                    start = _ROW_START.match(previous) if on_line is not None and number > 1 else None
+                    start = _ROW_START.match(previous) if by_start and number > 1 else None
                     kind = start[1].decode() if start is not None else ""
-                    if start is not None and on_line is not None and kind in DIGESTED:
+                    if start is not None and kind in DIGESTED and (on_line is not None or kind in counted):
                         found[kind] += 1
-                        on_line(kind, _raw(int(start[2]), previous))
+                        if on_line is not None:
+                            on_line(kind, _raw(int(start[2]), previous))
                     else:
                         try:
                             data = parse_line(previous, loads)

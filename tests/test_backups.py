@@ -796,6 +796,112 @@ def test_a_line_broken_between_the_scans_stops_the_restore_as_a_changed_file(
     assert dump(workspace) == before
 
 
+def _edit_first_line(path: Path, kind: str, edit: Any) -> None:
+    """Replace the first row line of ``kind`` with ``edit(line)`` and re-sign the file."""
+    lines = read_lines(path)
+    start = b'{"kind":"%s","row":{"id":' % kind.encode()
+    n = next(i for i, line in enumerate(lines) if line.startswith(start))
+    lines[n] = edit(lines[n])
+    write_lines(path, with_fresh_checksum(lines))
+
+
+def _inserted_kinds(monkeypatch) -> list[str]:
+    """Records the kind of every chunk of rows a restore inserts."""
+    kinds: list[str] = []
+    insert = restore.insert_rows
+
+    def recording(kind, *args):
+        kinds.append(kind.name)
+        return insert(kind, *args)
+
+    monkeypatch.setattr(restore, "insert_rows", recording)
+    return kinds
+
+
+def _checked_by_verifying_scan(monkeypatch) -> Counter[str]:
+    """Counts the rows a restore's verifying scan checks (``restore._check_row``), by kind."""
+    checked: Counter[str] = Counter()
+    check = restore._check_row
+    scan = backup_files.scan
+    verifying = [False]
+
+    def counting(name, row):
+        if verifying[0]:
+            checked[name] += 1
+        return check(name, row)
+
+    def flagged(path, on_row, progress=None, **options):
+        verifying[0] = options.get("on_line") is None
+        try:
+            return scan(path, on_row, progress, **options)
+        finally:
+            verifying[0] = False
+
+    monkeypatch.setattr(restore, "_check_row", counting)
+    monkeypatch.setattr(backup_files, "scan", flagged)
+    return checked
+
+
+def test_the_verifying_scan_parses_only_the_rows_it_keeps_ids_of(workspace, now, monkeypatch):
+    populate(workspace, now)
+    path = backup_path(backups.write_backup(workspace, now=now))
+    checked = _checked_by_verifying_scan(monkeypatch)
+
+    restore.restore_backup(path)
+
+    assert set(checked) == {"workspace", "policy", "run", "entry"}
+    assert checked["entry"] == Entry.objects.filter(workspace=workspace).count()
+
+
+def _unknown_column(line: bytes) -> bytes:
+    head, rest = line.split(b",", 2)[:2], line.split(b",", 2)[2]
+    return b",".join([*head, b'"bogus":1', rest])
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_unknown_column, r"event row: unknown column\(s\) bogus; nothing was restored"),
+        (
+            lambda line: line.replace(b'"created_at":"', b'"created_at":"not ', 1),
+            r"event row \d+: created_at is not a date-time; nothing was restored",
+        ),
+        (lambda line: line[:-3] + b"\n", r"event row \d+: not a valid line .*; nothing was restored"),
+    ],
+    ids=["unknown column", "bad date-time", "no JSON"],
+)
+def test_a_bad_row_the_writing_scan_parses_first_rolls_back_what_it_wrote(
+    workspace, wiped_backup, small_batches, monkeypatch, edit, message
+):
+    """The verifying scan only counts an event's line (a kind it keeps nothing of); the writing
+    scan checks it when it parses it, by then entries are written: they are rolled back."""
+    _edit_first_line(wiped_backup, "event", edit)
+    inserted = _inserted_kinds(monkeypatch)
+    before = dump(workspace)
+
+    with pytest.raises(BackupError, match=message):
+        restore.restore_backup(wiped_backup)
+
+    assert "entry" in inserted  # written before the event line was reached
+    assert dump(workspace) == before
+
+
+def test_a_bad_entry_row_is_refused_by_the_verifying_scan_before_any_write(
+    workspace, wiped_backup, monkeypatch
+):
+    _edit_first_line(
+        wiped_backup, "entry", lambda line: line.replace(b'"created_at":"', b'"created_at":"x', 1)
+    )
+    inserted = _inserted_kinds(monkeypatch)
+    before = dump(workspace)
+
+    with pytest.raises(BackupError, match=r"^entry row \d+: created_at is not a date-time$"):
+        restore.restore_backup(wiped_backup)
+
+    assert inserted == []
+    assert dump(workspace) == before
+
+
 def test_newer_data_refuses_before_a_write_can_fail_in_its_place(workspace, now, small_batches):
     """The entry that held external id rule-1 took another since the backup, and a new entry
     took rule-1: without force the restore says so (409), rather than failing on the unique
