@@ -240,17 +240,30 @@ class _Counted(NamedTuple):
 _ROW_START = re.compile(rb'\{"kind":"([a-z_]+)","row":\{"id":(\d{1,18}),')
 
 
-def _lines(handle: Any) -> Iterator[bytes]:
+def _lines(handle: Any, digest: Any = None) -> Iterator[bytes]:
     """The lines of a decompressed stream, each with its newline (but a last line without
     one), read a megabyte at a time: iterating over a GzipFile costs a Python call per line,
-    a tenth of a restore's time."""
+    a tenth of a restore's time. ``digest`` (a hashlib object) is fed every line but the last
+    (a file's trailer, which holds the checksum of the lines above it), a read at a time: a
+    call per line was 4.5 million calls a scan at 1,000,000 entries."""
     rest = b""
+    held = b""  # the last line handed out: the file's last, unless more follows
     while block := handle.read(_FILE_CHUNK):
-        lines = (rest + block).split(b"\n")
+        data = rest + block
+        lines = data.split(b"\n")
         rest = lines.pop()
+        if not lines:
+            continue
+        if digest is not None:
+            digest.update(held)
+            # Every complete line of this read but its last, as one slice of the bytes read.
+            digest.update(memoryview(data)[: len(data) - len(rest) - len(lines[-1]) - 1])
+            held = lines[-1] + b"\n"
         for line in lines:
             yield line + b"\n"
     if rest:
+        if digest is not None:
+            digest.update(held)
         yield rest
 
 
@@ -343,9 +356,8 @@ def scan(
     number = 0
     try:
         with _open(path) as stored, gzip.GzipFile(fileobj=stored, mode="rb") as handle:
-            for raw in _lines(handle):
+            for raw in _lines(handle, digest):
                 if previous is not None:
-                    digest.update(previous)
                     row: Any = None
                     start = _ROW_START.match(previous) if by_start and number > 1 else None
                     kind = start[1].decode() if start is not None else ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import math
 from collections import Counter
@@ -251,6 +252,22 @@ def test_lines_split_across_every_read_come_back_whole(workspace, now, monkeypat
         assert list(backup_files._lines(handle)) == expected
     entries = Entry.objects.filter(workspace=workspace).count()
     assert backup_files.read_backup(path)[2]["counts"]["entry"] == entries
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"one", b"one\n", b"a\nbb\nccc\n", b"a\nbb\nccc", b"a\n\nbb\n\n", b"\n\n", b"x" * 30 + b"\ny\n"],
+)
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 8, 64])
+def test_the_lines_are_hashed_a_read_at_a_time_but_for_the_last_one(monkeypatch, data, chunk):
+    """What a scan's checksum covers: every line it is handed but the last (the trailer)."""
+    monkeypatch.setattr(backup_files, "_FILE_CHUNK", chunk)
+    digest = hashlib.sha256()
+
+    lines = list(backup_files._lines(io.BytesIO(data), digest))
+
+    assert lines == data.splitlines(keepends=True)
+    assert digest.hexdigest() == hashlib.sha256(b"".join(lines[:-1])).hexdigest()
 
 
 def test_restoring_into_the_unchanged_workspace_writes_nothing(workspace, now):
