@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import math
+import re
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from io import StringIO
@@ -884,8 +885,17 @@ def _unknown_column(line: bytes) -> bytes:
             r"event row \d+: created_at is not a date-time; nothing was restored",
         ),
         (lambda line: line[:-3] + b"\n", r"event row \d+: not a valid line .*; nothing was restored"),
+        # What json would read and orjson (which wrote the line) refuses: never written.
+        (
+            lambda line: re.sub(rb'"reason":"[^"]*"', b'"reason":NaN', line, count=1),
+            r"event row \d+: not a valid line",
+        ),
+        (
+            lambda line: re.sub(rb'"reason":"[^"]*"', lambda _: b'"reason":"\\ud800"', line, count=1),
+            r"event row \d+: not a valid line",
+        ),
     ],
-    ids=["unknown column", "bad date-time", "no JSON"],
+    ids=["unknown column", "bad date-time", "no JSON", "NaN", "lone surrogate"],
 )
 def test_a_bad_row_the_writing_scan_parses_first_rolls_back_what_it_wrote(
     workspace, wiped_backup, small_batches, monkeypatch, edit, message
