@@ -114,7 +114,7 @@ def graduate_staged(ctx: RunContext) -> PassResult:
     )
     result = PassResult()
     tags = _tags(ctx.workspace, GRADUATION_TAGS)
-    for rows in locked_batches(ctx, candidates):
+    for rows in locked_batches(ctx, candidates, ids=planned(ctx, "staged_graduated")):
         ids = [r["pk"] for r in rows]
         lifecycle.change_status(
             ctx.workspace.pk, ids, Status.ACTIVE, **automatic_event(ctx, "graduate"), columns=GRADUATION
@@ -363,10 +363,14 @@ def prune_links(ctx: RunContext) -> PassResult:
             prune_batch(ids)
             ctx.heartbeat()
     else:
-        # The candidates' ids read once, then each batch re-checked by its ids: the keyset walk
-        # joined both ends' entries again for every batch, 0.7 s each once the earlier passes
-        # had changed most of them (4.8 s against 2.9 s at 1,000,000 entries).
-        for batch in chunks(list(candidates.order_by("pk").values_list("pk", flat=True)), ctx.batch_size):
+        # The candidates' ids (the plan's, ``planned``, or read once), then each batch
+        # re-checked by its ids: the keyset walk joined both ends' entries again for every
+        # batch, 0.7 s each once the earlier passes had changed most of them (4.8 s against
+        # 2.9 s at 1,000,000 entries).
+        walked = planned(ctx, "links_pruned")
+        if walked is None:
+            walked = list(candidates.order_by("pk").values_list("pk", flat=True))
+        for batch in chunks(sorted(walked), ctx.batch_size):
             with transaction.atomic():
                 prune_batch(
                     list(candidates.filter(pk__any_of=batch).order_by("pk").values_list("pk", flat=True))

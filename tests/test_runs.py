@@ -1,6 +1,7 @@
 """The maintenance run: every pass with its boundaries and protections, the
 dry run, the circuit breaker, the lease and the result object."""
 
+import functools
 import json
 from datetime import timedelta
 
@@ -960,3 +961,49 @@ def test_the_apply_changes_what_its_plan_decided_and_each_row_still_qualifies(wo
     again = run(workspace, now + timedelta(minutes=10))
     assert again["counts"]["stale_marked"] == 1
     assert status(late) == "stale"
+
+
+def test_graduation_and_link_pruning_apply_their_plans_ids_each_still_qualifying(workspace, now, monkeypatch):
+    """Between the plan and the apply: a staged trace the plan graduates loses what made it
+    useful, another gains it; a link the plan prunes gets a live end back, another loses its
+    last one. The apply changes neither pair (it walks the plan's ids, each re-checked); the
+    next run takes the two that qualify now."""
+    from maintenance import runs
+
+    policy(workspace, cold_threshold=0.0)
+
+    staged = functools.partial(
+        new_entries.entry_create, workspace=workspace, staged_class="procedural", now=now
+    )
+
+    planned_trace = staged(content="run migrations before deploy")
+    late_trace = staged(content="restart the worker after deploy")
+    Entry.objects.filter(pk=planned_trace.pk).update(reinforced_at=now)
+    a = make(workspace, now, status="archived", archived_at=now)
+    b = make(workspace, now, status="archived", archived_at=now)
+    c = make(workspace, now, status="archived", archived_at=now)
+    d = make(workspace, now)
+    link = functools.partial(relationships.relationship_create, workspace=workspace, now=now)
+    planned_link, _ = link(from_id=a.pk, to_id=b.pk)
+    late_link, _ = link(from_id=c.pk, to_id=d.pk)
+    trips = runs.breaker_trips
+
+    def meanwhile(*args, **kwargs):
+        Entry.objects.filter(pk=planned_trace.pk).update(reinforced_at=None)
+        Entry.objects.filter(pk=late_trace.pk).update(reinforced_at=now)
+        Entry.objects.filter(pk=b.pk).update(status="active")
+        Entry.objects.filter(pk=d.pk).update(status="archived", archived_at=now)
+        return trips(*args, **kwargs)
+
+    monkeypatch.setattr(runs, "breaker_trips", meanwhile)
+    result = run(workspace, now, force=True)
+
+    assert (result["counts"]["staged_graduated"], result["counts"]["links_pruned"]) == (0, 0)
+    assert (status(planned_trace), status(late_trace)) == ("staged", "staged")
+    pruned = Relationship.objects.filter(pk__in=[planned_link.pk, late_link.pk], pruned_at__isnull=False)
+    assert not pruned.exists()
+    monkeypatch.setattr(runs, "breaker_trips", trips)
+    again = run(workspace, now + timedelta(minutes=10))
+    assert (again["counts"]["staged_graduated"], again["counts"]["links_pruned"]) == (1, 1)
+    assert status(late_trace) == "active"
+    assert Relationship.objects.get(pk=late_link.pk).pruned_at is not None
