@@ -414,23 +414,24 @@ class _Writer:
         (``_UNPARSED``: a bad row stops the restore, whose transaction rolls back) — unless the
         file changed in between (which the end of the scan reports too): then the restore
         stops here."""
+        first_read = kind.name in _UNPARSED
         try:
-            if kind.name in _UNPARSED:
-                # First read here: as strict as the verifying scan's parse (orjson refuses NaN,
-                # infinities, lone surrogates and deep nesting, which json would read).
+            if first_read:
+                # As strict as the verifying scan's parse (orjson refuses NaN, infinities, lone
+                # surrogates and deep nesting, which json would read).
                 orjson.loads(item.line)
             data = backup_files.parse_line(item.line)  # json's: integers beyond 64 bits exact
             row = data["row"]
             if data["kind"] != kind.name or not isinstance(row, dict) or row.get("id") != item.pk:
                 raise ValueError("not the row its start names")
         except (ValueError, KeyError, TypeError, RecursionError):
-            if kind.name in _UNPARSED:  # read here for the first time: bad, or changed meanwhile
+            if first_read:  # bad, or changed meanwhile: nothing tells which
                 raise BackupError(
                     f"{kind.name} row {item.pk}: not a valid line (the file is malformed or changed "
                     "while it was restored); nothing was restored"
                 ) from None
             raise BackupError("the backup changed while it was restored; nothing was restored") from None
-        if kind.name in _UNPARSED and (problem := _check_row(kind.name, row)) is not None:
+        if first_read and (problem := _check_row(kind.name, row)) is not None:
             raise BackupError(f"{problem}; nothing was restored")
         return row
 
