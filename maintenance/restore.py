@@ -416,11 +416,8 @@ class _Writer:
         stops here."""
         first_read = kind.name in _UNPARSED
         try:
-            if first_read:
-                # As strict as the verifying scan's parse (orjson refuses NaN, infinities, lone
-                # surrogates and deep nesting, which json would read).
-                orjson.loads(item.line)
-            data = backup_files.parse_line(item.line)  # json's: integers beyond 64 bits exact
+            # As strict as the verifying scan's parse; integers beyond 64 bits exact.
+            data = backup_files.parse_line(item.line, backup_files.exact_loads)
             row = data["row"]
             if data["kind"] != kind.name or not isinstance(row, dict) or row.get("id") != item.pk:
                 raise ValueError("not the row its start names")

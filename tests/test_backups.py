@@ -913,6 +913,64 @@ def test_a_bad_row_the_writing_scan_parses_first_rolls_back_what_it_wrote(
     assert dump(workspace) == before
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"kind":"event","row":{"id":1,"details":{"n":12,"x":0.1,"s":"caf\\u00e9"}}}\n',
+        b'{"kind":"entry","row":{"id":2,"metadata":{"big":1180591620717411303425}}}\n',  # 2**70 + 1
+        b'{"kind":"entry","row":{"id":3,"metadata":{"neg":-36893488147419103235}}}\n',  # -(2**65) - 3
+        b'{"kind":"entry","row":{"id":4,"content":"call 1234567890123456789012"}}\n',
+        b'{"kind":"entry","row":{"id":5,"metadata":{"max":9223372036854775807}}}\n',
+    ],
+    ids=["plain", "2**70 + 1", "-(2**65) - 3", "digits in a string", "2**63 - 1"],
+)
+def test_a_line_the_writing_scan_parses_reads_as_json_would_integers_exact(line):
+    assert backup_files.exact_loads(line) == json.loads(line)
+    assert backup_files.exact_loads(line) == backup_files._json_loads(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b'{"id":1,"x":NaN}', b'{"id":1,"x":Infinity}', b'{"id":1,"s":"\\ud800"}', b"[" * 2000 + b"]" * 2000],
+    ids=["NaN", "Infinity", "lone surrogate", "deep nesting"],
+)
+def test_a_line_the_writing_scan_parses_is_refused_where_json_would_read_it(line):
+    with pytest.raises(ValueError):
+        backup_files.exact_loads(line)
+
+
+def _compact(line: bytes, **changes: Any) -> bytes:
+    """A row's line with ``changes`` to its row, written compactly, as this version writes a
+    row's line (which starts the way the writing scan hands over unparsed)."""
+    data = json.loads(line)
+    data.pop("digest", None)
+    data["row"].update(changes)
+    return (json.dumps(data, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+
+
+@pytest.mark.parametrize("kind", ["entry", "event"])
+def test_integers_beyond_64_bits_come_back_exact_through_the_writing_scan(workspace, wiped_backup, kind):
+    """A line the writing scan parses (``_Writer._parsed``), written compactly with integers
+    beyond 64 bits (this version writes those lines by json, with spaces: a file of another
+    writer), keeps them exact: orjson alone would read them as floats."""
+    # Not powers of two: a float holds those exactly.
+    big = {"big": 2**70 + 1, "neg": -(2**65) - 3, "max": 2**63 - 1, "x": 0.1}
+    column = "metadata" if kind == "entry" else "details"
+    edited: list[int] = []
+
+    def edit(line: bytes) -> bytes:
+        edited.append(json.loads(line)["row"]["id"])
+        return _compact(line, **{column: big})
+
+    _edit_first_line(wiped_backup, kind, edit)
+
+    restore.restore_backup(wiped_backup)
+
+    restored = MODELS[kind].objects.get(pk=edited[0])
+    assert getattr(restored, column) == big
+    assert type(getattr(restored, column)["big"]) is int
+
+
 def test_a_bad_entry_row_is_refused_by_the_verifying_scan_before_any_write(
     workspace, wiped_backup, monkeypatch
 ):
@@ -999,6 +1057,19 @@ def test_a_row_dropped_and_re_signed_still_fails_the_counts(wiped_backup):
 
     with pytest.raises(BackupError, match="counts mismatch"):
         backup_files.read_backup(wiped_backup)
+
+
+def test_a_corrupt_or_cut_compressed_stream_is_refused_with_what_is_wrong(wiped_backup, tmp_path):
+    whole = wiped_backup.read_bytes()
+    corrupt = tmp_path / "corrupt.jsonl.gz"
+    corrupt.write_bytes(whole[:20] + bytes(b ^ 0xFF for b in whole[20:400]) + whole[400:])
+    header_cut = tmp_path / "header-cut.jsonl.gz"
+    header_cut.write_bytes(whole[:5])  # a gzip file's first bytes, its header cut short
+
+    with pytest.raises(BackupError, match="not a readable backup"):
+        backup_files.read_backup(corrupt)
+    with pytest.raises(BackupError, match="truncated"):
+        backup_files.read_backup(header_cut)
 
 
 def test_a_file_that_is_not_a_backup_is_refused(tmp_path):
