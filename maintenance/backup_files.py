@@ -15,10 +15,12 @@ verifies the file whole (checksum, counts, format).
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
 import re
+import zlib
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -196,11 +198,27 @@ def stored_backup(backup: Backup) -> StoredBackup:
     return StoredBackup(stored_name(backup.workspace.slug, backup.file_name))
 
 
+class _ReadInto:
+    """A file that can only ``read``, given ``readinto`` too."""
+
+    def __init__(self, handle: Any):
+        self.handle = handle
+
+    def read(self, size: int = -1) -> bytes:
+        return bytes(self.handle.read(size))
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.handle.read(len(buffer))
+        memoryview(buffer).cast("B")[: len(data)] = data
+        return len(data)
+
+
 @contextmanager
 def _open(source: Source) -> Iterator[Any]:
     if isinstance(source, StoredBackup):
         with storage().open(source.name, "rb") as handle:
-            yield handle
+            # ISA-L's reader fills buffers (``readinto``): a storage's file may only ``read``.
+            yield handle if hasattr(handle, "readinto") else _ReadInto(handle)
     else:
         with open(source, "rb") as handle:
             yield handle
@@ -348,13 +366,22 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _ISAL_ERROR = cast(type[Exception], isal_zlib.error)
 
 
-def _starts_as_gzip(path: Source) -> bool:
-    """Whether the file starts as a gzip file does (read again, on the way to an error)."""
+def _ended_early(path: Source) -> str:
+    """What is wrong with a file whose stream ISA-L found to end early, which it also says of
+    a header cut short and of bytes after the compressed data: the file read again (on the way
+    to an error) by Python's own gzip, which tells them apart."""
     try:
-        with _open(path) as handle:
-            return bool(handle.read(len(_GZIP_MAGIC)) == _GZIP_MAGIC)
-    except OSError:
-        return False
+        with _open(path) as stored:
+            if stored.read(len(_GZIP_MAGIC)) != _GZIP_MAGIC:
+                return "not a readable backup (not a gzip file)"
+        with _open(path) as stored, gzip.GzipFile(fileobj=stored, mode="rb") as handle:
+            while handle.read(_FILE_CHUNK):
+                pass
+    except EOFError:
+        pass
+    except (OSError, zlib.error) as exc:
+        return f"not a readable backup ({error_detail(exc)})"
+    return "truncated (the compressed data ends early)"
 
 
 def scan(
@@ -424,9 +451,7 @@ def scan(
     except FileNotFoundError:
         raise BackupError(f"{path}: no such backup file") from None
     except EOFError:
-        if not _starts_as_gzip(path):  # ISA-L reads a header cut short as data cut short
-            raise BackupError(f"{path}: not a readable backup (not a gzip file)") from None
-        raise BackupError(f"{path}: truncated (the compressed data ends early)") from None
+        raise BackupError(f"{path}: {_ended_early(path)}") from None
     except (OSError, _ISAL_ERROR) as exc:
         raise BackupError(f"{path}: not a readable backup ({error_detail(exc)})") from None
 

@@ -536,6 +536,8 @@ def restore_backup(
             f"{_file_name(path)} does not fit the rows written since it was taken ({exc}); "
             "nothing was restored"
         ) from exc
+    except RecursionError:  # a hand-made row's JSON nested deeper than it can be written
+        raise BackupError(f"{_file_name(path)}: a row nests too deep; nothing was restored") from None
 
 
 def _restore(

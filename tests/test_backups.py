@@ -921,8 +921,9 @@ def test_a_bad_row_the_writing_scan_parses_first_rolls_back_what_it_wrote(
         b'{"kind":"entry","row":{"id":3,"metadata":{"neg":-36893488147419103235}}}\n',  # -(2**65) - 3
         b'{"kind":"entry","row":{"id":4,"content":"call 1234567890123456789012"}}\n',
         b'{"kind":"entry","row":{"id":5,"metadata":{"max":9223372036854775807}}}\n',
+        b'{"kind":"entry","row":{"id":6,"metadata":{"min":-9223372036854775809}}}\n',  # 19 digits
     ],
-    ids=["plain", "2**70 + 1", "-(2**65) - 3", "digits in a string", "2**63 - 1"],
+    ids=["plain", "2**70 + 1", "-(2**65) - 3", "digits in a string", "2**63 - 1", "-(2**63) - 1"],
 )
 def test_a_line_the_writing_scan_parses_reads_as_json_would_integers_exact(line):
     assert backup_files.exact_loads(line) == json.loads(line)
@@ -954,7 +955,7 @@ def test_integers_beyond_64_bits_come_back_exact_through_the_writing_scan(worksp
     beyond 64 bits (this version writes those lines by json, with spaces: a file of another
     writer), keeps them exact: orjson alone would read them as floats."""
     # Not powers of two: a float holds those exactly.
-    big = {"big": 2**70 + 1, "neg": -(2**65) - 3, "max": 2**63 - 1, "x": 0.1}
+    big = {"big": 2**70 + 1, "neg": -(2**65) - 3, "min": -(2**63) - 1, "max": 2**63 - 1, "x": 0.1}
     column = "metadata" if kind == "entry" else "details"
     edited: list[int] = []
 
@@ -969,6 +970,23 @@ def test_integers_beyond_64_bits_come_back_exact_through_the_writing_scan(worksp
     restored = MODELS[kind].objects.get(pk=edited[0])
     assert getattr(restored, column) == big
     assert type(getattr(restored, column)["big"]) is int
+
+
+def test_a_row_nested_deeper_than_it_can_be_written_is_refused_and_nothing_restored(
+    workspace, wiped_backup, small_batches
+):
+    """orjson reads JSON nested 1,000 deep, which json cannot write back (a hand-made line:
+    this version writes such a row with json, which cannot even read it)."""
+    nested = b"[" * 1000 + b"1" + b"]" * 1000
+    _edit_first_line(
+        wiped_backup, "event", lambda line: _compact(line, details="NESTED").replace(b'"NESTED"', nested)
+    )
+    before = dump(workspace)
+
+    with pytest.raises(BackupError, match="nothing was restored"):
+        restore.restore_backup(wiped_backup)
+
+    assert dump(workspace) == before
 
 
 def test_a_bad_entry_row_is_refused_by_the_verifying_scan_before_any_write(
@@ -1070,6 +1088,46 @@ def test_a_corrupt_or_cut_compressed_stream_is_refused_with_what_is_wrong(wiped_
         backup_files.read_backup(corrupt)
     with pytest.raises(BackupError, match="truncated"):
         backup_files.read_backup(header_cut)
+
+
+def test_a_gzip_file_with_bytes_after_its_data_or_a_one_byte_file_is_not_readable(wiped_backup, tmp_path):
+    trailing = tmp_path / "trailing.jsonl.gz"
+    trailing.write_bytes(wiped_backup.read_bytes() + b"garbage!!")
+    one_byte = tmp_path / "one.jsonl.gz"
+    one_byte.write_bytes(b"a")
+
+    with pytest.raises(BackupError, match=r"not a readable backup \(Not a gzipped file"):
+        backup_files.read_backup(trailing)
+    with pytest.raises(BackupError, match=r"not a readable backup \(not a gzip file\)"):
+        backup_files.read_backup(one_byte)
+
+
+class _ReadOnlyFile:
+    """A storage's file that can only ``read`` (no ``readinto``)."""
+
+    def __init__(self, path: Path):
+        self.file = path.open("rb")
+
+    def read(self, size: int = -1) -> bytes:
+        return self.file.read(size)
+
+    def __enter__(self) -> _ReadOnlyFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
+
+
+def test_a_stored_backup_whose_file_can_only_read_is_read(workspace, wiped_backup, monkeypatch):
+    class Store:
+        def open(self, name: str, mode: str) -> _ReadOnlyFile:
+            return _ReadOnlyFile(wiped_backup)
+
+    monkeypatch.setattr(backup_files, "storage", Store)
+
+    _, rows, trailer = backup_files.read_backup(backup_files.StoredBackup("acme/any.jsonl.gz"))
+
+    assert len(rows["entry"]) == trailer["counts"]["entry"] > 0
 
 
 def test_a_file_that_is_not_a_backup_is_refused(tmp_path):
