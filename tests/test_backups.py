@@ -11,6 +11,7 @@ import io
 import json
 import math
 import re
+import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from io import StringIO
@@ -21,7 +22,7 @@ import pytest
 from django.apps import apps
 from django.core.files.storage import storages
 from django.core.management import CommandError, call_command
-from django.db import connection, models
+from django.db import OperationalError, connection, models
 from django.test.utils import CaptureQueriesContext
 
 from maintenance import backup_files, backups, restore, restore_rows
@@ -1203,6 +1204,7 @@ def test_a_serialisation_failure_midway_leaves_no_file_and_no_row(workspace, mon
         backups.write_backup(workspace, now=now)
 
     assert calls == 50
+    assert _reader_threads() == []
     assert list(folder(workspace).iterdir()) == []
     assert not Backup.objects.exists()
 
@@ -1252,7 +1254,17 @@ def test_a_nan_stored_behind_the_services_back_fails_the_backup_cleanly(workspac
 
 
 def test_metadata_beyond_64_bit_integers_and_any_unicode_round_trips(workspace, now):
-    metadata = {"big": 2**70, "text": "naïve \u2028 café 🚀", "neg": -(2**65), "f": 0.1}
+    # PostgreSQL's JSON goes into the file as the database prints it (``backups._json_text``):
+    # escapes, control characters, numbers in its notation and nesting must come back alike.
+    metadata = {
+        "big": 2**70,
+        "text": "naïve \u2028 café 🚀",
+        "neg": -(2**65),
+        "f": 0.1,
+        "tiny": 1e-7,
+        "escapes": 'a "quote", a \\ backslash, \x01\x1f, a tab\t and\nlines',
+        "deep": [{"k": [[], {}, [None, True, False]]}, -0.5, ""],
+    }
     entry = new_entries.entry_create(workspace=workspace, content="Odd values.", metadata=metadata, now=now)
     before = dump(workspace)
     backup = backups.write_backup(workspace, now=now)
@@ -1262,6 +1274,54 @@ def test_metadata_beyond_64_bit_integers_and_any_unicode_round_trips(workspace, 
 
     assert dump(workspace) == before
     assert Entry.objects.get(pk=entry.pk).metadata == metadata
+
+
+def _reader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "backup-reader"]
+
+
+def test_a_read_failing_midway_stops_the_reading_thread_and_leaves_nothing(workspace, monkeypatch, now):
+    populate(workspace, now)
+    monkeypatch.setattr(backups, "READ_CHUNK", 5)  # many fetches: the failure comes mid-stream
+    real = backups._fetched_ahead
+    fetches = 0
+
+    def failing_third(fetch: Any) -> Any:
+        def counted() -> Any:
+            nonlocal fetches
+            fetches += 1
+            if fetches == 3:
+                raise OperationalError("server closed the connection unexpectedly")
+            return fetch()
+
+        return real(counted)
+
+    monkeypatch.setattr(backups, "_fetched_ahead", failing_third)
+
+    with pytest.raises(BackupError, match="server closed the connection unexpectedly"):
+        backups.write_backup(workspace, now=now)
+
+    assert fetches == 3
+    assert _reader_threads() == []
+    assert list(folder(workspace).iterdir()) == []
+    assert not Backup.objects.exists()
+    assert Entry.objects.filter(workspace=workspace).exists()  # the connection is usable still
+
+
+def test_a_caller_stopping_early_leaves_no_reading_thread_behind(workspace, now):
+    populate(workspace, now)
+    fetched: list[int] = []
+
+    def fetch() -> list[int]:
+        fetched.append(len(fetched))
+        return [len(fetched)]  # never empty: only the caller ends it
+
+    chunks = backups._fetched_ahead(fetch)
+    assert next(chunks) == [1]
+    chunks.close()
+
+    assert _reader_threads() == []
+    assert len(fetched) <= 1 + 1 + backups._AHEAD  # the one taken, one put waiting, one fetched
 
 
 def test_a_restored_datetime_is_compared_by_the_instant_its_text_names():
