@@ -260,26 +260,53 @@ def _fetched_ahead(fetch: Callable[[], list[Any]]) -> Iterator[list[Any]]:
         thread.join()
 
 
-def _json_text(value: Any, expression: Any, connection: Any) -> Any:
-    # PostgreSQL sends jsonb as its text, which the database has validated and printed in its
-    # one form: written into the line as it is, where Django would parse it with json.
-    return None if value is None else orjson.Fragment(value)
+def _fetched_here(fetch: Callable[[], list[Any]]) -> Iterator[list[Any]]:
+    while rows := fetch():
+        yield rows
+
+
+# Longer JSON text is parsed (by Django's converter) before it is written: a shorter one can
+# neither nest deeper than a parser's limit (about 1,000 levels) nor hold an integer of more
+# digits than Python converts (4,300), which the database accepts and a restore could not read.
+_JSON_AS_TEXT_UP_TO = 2000
+
+
+def _json_text(converters: list[Any]) -> Callable[[Any, Any, Any], Any]:
+    """PostgreSQL sends jsonb as its text, validated and printed by the database in its one
+    form: written into the line as it is (a fragment orjson copies), where Django would parse
+    it with json — but for a long text, parsed as before by ``converters``, Django's own."""
+
+    def convert(value: Any, expression: Any, connection: Any) -> Any:
+        if value is None or len(value) <= _JSON_AS_TEXT_UP_TO:
+            return None if value is None else orjson.Fragment(value)
+        for converter in converters:
+            value = converter(value, expression, connection)
+        return value
+
+    return convert
 
 
 def _row_chunks(queryset: models.QuerySet[Any, Any], size: int) -> Iterator[list[list[Any]]]:
     """The rows of a ``values_list`` queryset, ``size`` at a time, each a list of its values as
-    Django converts them (but JSON on PostgreSQL: ``_json_text``), read from a server-side
-    cursor one chunk ahead of the caller (``_fetched_ahead``)."""
+    Django converts them (but JSON on PostgreSQL: ``_json_text``). On PostgreSQL they are read
+    from a server-side cursor one chunk ahead of the caller (``_fetched_ahead``); SQLite's
+    driver takes the GIL back for every row it steps to, so a second thread would only wait on
+    the caller's: there the caller fetches."""
     compiler = queryset.query.get_compiler(using=queryset.db)
     sql, params = compiler.as_sql()
-    converters = compiler.get_converters([column[0] for column in compiler.select])
-    if connection.vendor == "postgresql":
-        for i, (_, expression) in list(converters.items()):
+    selected = [column[0] for column in compiler.select]
+    if len(selected) != len(queryset.query.values_select) + len(queryset.query.annotation_select):
+        raise RuntimeError(f"{queryset.model.__name__}: the statement selects other columns than asked")
+    converters = compiler.get_converters(selected)
+    postgresql = connection.vendor == "postgresql"
+    if postgresql:
+        for i, expression in enumerate(selected):
             if isinstance(expression.output_field, models.JSONField):
-                converters[i] = ([_json_text], expression)
+                converters[i] = ([_json_text(converters.get(i, ([], None))[0])], expression)
     with connection.chunked_cursor() as cursor:
         cursor.execute(sql, params)
-        with closing(_fetched_ahead(partial(cursor.fetchmany, size))) as chunks:
+        fetch = partial(cursor.fetchmany, size)
+        with closing(_fetched_ahead(fetch) if postgresql else _fetched_here(fetch)) as chunks:
             for rows in chunks:
                 if converters:
                     yield list(compiler.apply_converters(rows, converters))

@@ -1282,30 +1282,83 @@ def _reader_threads() -> list[threading.Thread]:
 
 def test_a_read_failing_midway_stops_the_reading_thread_and_leaves_nothing(workspace, monkeypatch, now):
     populate(workspace, now)
-    monkeypatch.setattr(backups, "READ_CHUNK", 5)  # many fetches: the failure comes mid-stream
-    real = backups._fetched_ahead
-    fetches = 0
+    monkeypatch.setattr(backups, "READ_CHUNK", 5)  # many fetches a kind
+    failed: list[int] = []
 
-    def failing_third(fetch: Any) -> Any:
-        def counted() -> Any:
-            nonlocal fetches
-            fetches += 1
-            if fetches == 3:
-                raise OperationalError("server closed the connection unexpectedly")
-            return fetch()
+    def failing_midway(real: Any) -> Any:
+        # The second fetch of the first kind whose first fetch was a whole chunk: mid-cursor.
+        def wrapped(fetch: Any) -> Any:
+            calls = 0
+            first = 0
 
-        return real(counted)
+            def counted() -> Any:
+                nonlocal calls, first
+                calls += 1
+                if calls == 2 and first == 5 and not failed:
+                    failed.append(calls)
+                    raise OperationalError("server closed the connection unexpectedly")
+                rows = fetch()
+                first = first or len(rows)
+                return rows
 
-    monkeypatch.setattr(backups, "_fetched_ahead", failing_third)
+            return real(counted)
+
+        return wrapped
+
+    # PostgreSQL's reads go through the reading thread, SQLite's are fetched in place.
+    monkeypatch.setattr(backups, "_fetched_ahead", failing_midway(backups._fetched_ahead))
+    monkeypatch.setattr(backups, "_fetched_here", failing_midway(backups._fetched_here))
 
     with pytest.raises(BackupError, match="server closed the connection unexpectedly"):
         backups.write_backup(workspace, now=now)
 
-    assert fetches == 3
+    assert failed == [2]
     assert _reader_threads() == []
     assert list(folder(workspace).iterdir()) == []
     assert not Backup.objects.exists()
     assert Entry.objects.filter(workspace=workspace).exists()  # the connection is usable still
+
+
+def test_the_next_chunk_is_fetched_while_the_caller_works_on_this_one():
+    second = threading.Event()
+    calls = 0
+
+    def fetch() -> list[int]:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            second.set()
+        return [calls] if calls <= 3 else []
+
+    chunks = backups._fetched_ahead(fetch)
+    assert next(chunks) == [1]
+    # The caller has not asked for the second chunk: the thread fetches it meanwhile.
+    assert second.wait(timeout=10)
+    assert list(chunks) == [[2], [3]]
+    assert _reader_threads() == []
+
+
+def test_long_json_is_parsed_before_it_is_written_and_json_no_parser_reads_fails_the_backup(workspace, now):
+    # Short text goes into the file as the database printed it (on PostgreSQL); a long one is
+    # parsed first, so that a value the database holds but Python cannot read (an integer of
+    # 5,000 digits, written behind the service's back) fails the backup, not a later restore.
+    long = {"notes": "x" * (backups._JSON_AS_TEXT_UP_TO + 10), "n": 2**70}
+    kept = new_entries.entry_create(workspace=workspace, content="Long metadata.", metadata=long, now=now)
+    before = dump(workspace)
+    backup = backups.write_backup(workspace, now=now)
+    wipe(workspace)
+    restore.restore_backup(backup_path(backup))
+    assert dump(workspace) == before
+    assert Entry.objects.get(pk=kept.pk).metadata == long
+
+    odd = new_entries.entry_create(workspace=workspace, content="Huge number.", now=now)
+    table, cast = Entry._meta.db_table, "::jsonb" if connection.vendor == "postgresql" else ""
+    with connection.cursor() as cursor:
+        huge = '{"n": ' + "7" * 5000 + "}"
+        cursor.execute(f"UPDATE {table} SET metadata = %s{cast} WHERE id = %s", [huge, odd.pk])
+    with pytest.raises(BackupError, match="digits"):
+        backups.write_backup(workspace, now=now + timedelta(seconds=1))
+    assert Backup.objects.count() == 1
 
 
 def test_a_caller_stopping_early_leaves_no_reading_thread_behind(workspace, now):
