@@ -273,8 +273,9 @@ class _Counted(NamedTuple):
     trailer: dict[str, Any]
 
 
-# How this version writes a row's line (orjson: no spaces, the id first): the writing scan of
-# a restore reads the kind and id of such a line without parsing the rest
+# How this version starts a row's line (orjson: no spaces, the id first; only a JSON column
+# written from PostgreSQL's text, ``backups._json_text``, has the database's spaces): the
+# writing scan of a restore reads the kind and id of such a line without parsing the rest
 # (``restore._Writer.unchanged_dropped``). An id fits in 64 bits: 18 digits at most here.
 _ROW_START = re.compile(rb'\{"kind":"([a-z_]+)","row":\{"id":(\d{1,18}),')
 

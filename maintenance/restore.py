@@ -327,7 +327,9 @@ class _Writer:
     ) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
         """The chunk's rows, parsed, but for the lines equal byte for byte to the line their
         row of this workspace would be written as now: those rows are unchanged, and comparing
-        the bytes costs a fraction of parsing the line and comparing every column. With them,
+        the bytes costs a fraction of parsing the line and comparing every column. (A line
+        written on PostgreSQL holds its JSON as the database prints it, which this does not
+        write: such a line is told unchanged by its digest, or else parsed and compared.) With them,
         the rows of this workspace it read (by id), for the planning not to read them again."""
         items, differ = self._digest_dropped(kind, items)
         if kind.name == "entry_tag":  # matched by their pair (``plan_entry_tags``), not by bytes

@@ -11,6 +11,7 @@ import io
 import json
 import math
 import re
+import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from io import StringIO
@@ -21,7 +22,7 @@ import pytest
 from django.apps import apps
 from django.core.files.storage import storages
 from django.core.management import CommandError, call_command
-from django.db import connection, models
+from django.db import OperationalError, connection, models
 from django.test.utils import CaptureQueriesContext
 
 from maintenance import backup_files, backups, restore, restore_rows
@@ -1203,6 +1204,7 @@ def test_a_serialisation_failure_midway_leaves_no_file_and_no_row(workspace, mon
         backups.write_backup(workspace, now=now)
 
     assert calls == 50
+    assert _reader_threads() == []
     assert list(folder(workspace).iterdir()) == []
     assert not Backup.objects.exists()
 
@@ -1252,7 +1254,17 @@ def test_a_nan_stored_behind_the_services_back_fails_the_backup_cleanly(workspac
 
 
 def test_metadata_beyond_64_bit_integers_and_any_unicode_round_trips(workspace, now):
-    metadata = {"big": 2**70, "text": "naïve \u2028 café 🚀", "neg": -(2**65), "f": 0.1}
+    # PostgreSQL's JSON goes into the file as the database prints it (``backups._json_text``):
+    # escapes, control characters, numbers in its notation and nesting must come back alike.
+    metadata = {
+        "big": 2**70,
+        "text": "naïve \u2028 café 🚀",
+        "neg": -(2**65),
+        "f": 0.1,
+        "tiny": 1e-7,
+        "escapes": 'a "quote", a \\ backslash, \x01\x1f, a tab\t and\nlines',
+        "deep": [{"k": [[], {}, [None, True, False]]}, -0.5, ""],
+    }
     entry = new_entries.entry_create(workspace=workspace, content="Odd values.", metadata=metadata, now=now)
     before = dump(workspace)
     backup = backups.write_backup(workspace, now=now)
@@ -1262,6 +1274,107 @@ def test_metadata_beyond_64_bit_integers_and_any_unicode_round_trips(workspace, 
 
     assert dump(workspace) == before
     assert Entry.objects.get(pk=entry.pk).metadata == metadata
+
+
+def _reader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "backup-reader"]
+
+
+def test_a_read_failing_midway_stops_the_reading_thread_and_leaves_nothing(workspace, monkeypatch, now):
+    populate(workspace, now)
+    monkeypatch.setattr(backups, "READ_CHUNK", 5)  # many fetches a kind
+    failed: list[int] = []
+
+    def failing_midway(real: Any) -> Any:
+        # The second fetch of the first kind whose first fetch was a whole chunk: mid-cursor.
+        def wrapped(fetch: Any) -> Any:
+            calls = 0
+            first = 0
+
+            def counted() -> Any:
+                nonlocal calls, first
+                calls += 1
+                if calls == 2 and first == 5 and not failed:
+                    failed.append(calls)
+                    raise OperationalError("server closed the connection unexpectedly")
+                rows = fetch()
+                first = first or len(rows)
+                return rows
+
+            return real(counted)
+
+        return wrapped
+
+    # PostgreSQL's reads go through the reading thread, SQLite's are fetched in place.
+    monkeypatch.setattr(backups, "_fetched_ahead", failing_midway(backups._fetched_ahead))
+    monkeypatch.setattr(backups, "_fetched_here", failing_midway(backups._fetched_here))
+
+    with pytest.raises(BackupError, match="server closed the connection unexpectedly"):
+        backups.write_backup(workspace, now=now)
+
+    assert failed == [2]
+    assert _reader_threads() == []
+    assert list(folder(workspace).iterdir()) == []
+    assert not Backup.objects.exists()
+    assert Entry.objects.filter(workspace=workspace).exists()  # the connection is usable still
+
+
+def test_the_next_chunk_is_fetched_while_the_caller_works_on_this_one():
+    second = threading.Event()
+    calls = 0
+
+    def fetch() -> list[int]:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            second.set()
+        return [calls] if calls <= 3 else []
+
+    chunks = backups._fetched_ahead(fetch)
+    assert next(chunks) == [1]
+    # The caller has not asked for the second chunk: the thread fetches it meanwhile.
+    assert second.wait(timeout=10)
+    assert list(chunks) == [[2], [3]]
+    assert _reader_threads() == []
+
+
+def test_long_json_is_parsed_before_it_is_written_and_json_no_parser_reads_fails_the_backup(workspace, now):
+    # Short text goes into the file as the database printed it (on PostgreSQL); a long one is
+    # parsed first, so that a value the database holds but Python cannot read (an integer of
+    # 5,000 digits, written behind the service's back) fails the backup, not a later restore.
+    long = {"notes": "x" * (backups._JSON_AS_TEXT_UP_TO + 10), "n": 2**70}
+    kept = new_entries.entry_create(workspace=workspace, content="Long metadata.", metadata=long, now=now)
+    before = dump(workspace)
+    backup = backups.write_backup(workspace, now=now)
+    wipe(workspace)
+    restore.restore_backup(backup_path(backup))
+    assert dump(workspace) == before
+    assert Entry.objects.get(pk=kept.pk).metadata == long
+
+    odd = new_entries.entry_create(workspace=workspace, content="Huge number.", now=now)
+    table, cast = Entry._meta.db_table, "::jsonb" if connection.vendor == "postgresql" else ""
+    with connection.cursor() as cursor:
+        huge = '{"n": ' + "7" * 5000 + "}"
+        cursor.execute(f"UPDATE {table} SET metadata = %s{cast} WHERE id = %s", [huge, odd.pk])
+    with pytest.raises(BackupError, match="digits"):
+        backups.write_backup(workspace, now=now + timedelta(seconds=1))
+    assert Backup.objects.count() == 1
+
+
+def test_a_caller_stopping_early_leaves_no_reading_thread_behind(workspace, now):
+    populate(workspace, now)
+    fetched: list[int] = []
+
+    def fetch() -> list[int]:
+        fetched.append(len(fetched))
+        return [len(fetched)]  # never empty: only the caller ends it
+
+    chunks = backups._fetched_ahead(fetch)
+    assert next(chunks) == [1]
+    chunks.close()
+
+    assert _reader_threads() == []
+    assert len(fetched) <= 1 + 1 + backups._AHEAD  # the one taken, one put waiting, one fetched
 
 
 def test_a_restored_datetime_is_compared_by_the_instant_its_text_names():
