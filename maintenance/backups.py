@@ -17,7 +17,7 @@ import queue
 import re
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import closing, contextmanager, suppress
 from datetime import UTC, datetime
 from functools import partial
@@ -222,7 +222,7 @@ class _Compressor:
 _AHEAD = 1  # chunks fetched and waiting for the caller, at most (one more is on its way)
 
 
-def _fetched_ahead(fetch: Callable[[], list[Any]]) -> Iterator[list[Any]]:
+def _fetched_ahead(fetch: Callable[[], list[Any]]) -> Generator[list[Any]]:
     """The chunks ``fetch`` returns until an empty one, each next one fetched by a thread of
     its own while the caller works on this one. The driver releases the GIL while it waits on
     the database, so the database's producing of rows (their digests, a fetch of a
@@ -260,7 +260,7 @@ def _fetched_ahead(fetch: Callable[[], list[Any]]) -> Iterator[list[Any]]:
         thread.join()
 
 
-def _fetched_here(fetch: Callable[[], list[Any]]) -> Iterator[list[Any]]:
+def _fetched_here(fetch: Callable[[], list[Any]]) -> Generator[list[Any]]:
     while rows := fetch():
         yield rows
 
@@ -286,7 +286,7 @@ def _json_text(converters: list[Any]) -> Callable[[Any, Any, Any], Any]:
     return convert
 
 
-def _row_chunks(queryset: models.QuerySet[Any, Any], size: int) -> Iterator[list[list[Any]]]:
+def _row_chunks(queryset: models.QuerySet[Any, Any], size: int) -> Generator[list[list[Any]]]:
     """The rows of a ``values_list`` queryset, ``size`` at a time, each a list of its values as
     Django converts them (but JSON on PostgreSQL: ``_json_text``). On PostgreSQL they are read
     from a server-side cursor one chunk ahead of the caller (``_fetched_ahead``); SQLite's
