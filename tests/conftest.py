@@ -1,6 +1,9 @@
+import time
+import warnings
 from datetime import UTC, datetime
 
 import pytest
+from django.db import connection, connections
 
 from memory import accounts
 from memory.models import Workspace
@@ -31,6 +34,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # each group, and no transactional test's flush moves ahead of a plain one.
     rank = {path: i for i, path in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's, and before its teardown drops the test database on PostgreSQL: every
+    connection pool of this process closed (Django keeps one per alias; one still holding an
+    idle connection to the test database made the drop fail, "being accessed by other users",
+    and left the database behind), then a wait for the sessions of processes the tests
+    stopped last. Sessions still there after 10 s are ended and named in a warning:
+    something kept a connection open past its test."""
+    yield
+    with django_db_blocker.unblock():
+        if connection.vendor != "postgresql":
+            return
+        for alias in connections:
+            if connections[alias].vendor == "postgresql":
+                connections[alias].close_pool()
+        others = "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        with connection.cursor() as cursor:
+            deadline = time.monotonic() + 10
+            while True:
+                cursor.execute(f"SELECT pid, application_name, state, left(query, 120) {others}")
+                left = cursor.fetchall()
+                if not left or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            if left:
+                cursor.execute(f"SELECT pg_terminate_backend(pid) {others}")
+                warnings.warn(f"sessions left on the test database, ended: {left}", stacklevel=1)
 
 
 @pytest.fixture
