@@ -39,11 +39,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):
     """pytest-django's, and before its teardown drops the test database on PostgreSQL: every
-    connection pool of this process closed (Django keeps one per alias; one still holding an
-    idle connection to the test database made the drop fail, "being accessed by other users",
-    and left the database behind), then a wait for the sessions of processes the tests
-    stopped last. Sessions still there after 10 s are ended and named in a warning:
-    something kept a connection open past its test."""
+    connection pool Django knows of closed, then a wait of up to 10 s for other sessions (of
+    processes the tests stopped last), then any still there ended and named in a warning.
+    Without it the drop failed in CI ("being accessed by other users") and left the database
+    behind: an idle session of the worker's own process, whose only statement was Django's
+    time-zone setting, with psycopg pool threads running — not a pool of any alias Django
+    lists (closing those did not end it), so its origin is still to be found."""
     yield
     with django_db_blocker.unblock():
         if connection.vendor != "postgresql":
