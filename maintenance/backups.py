@@ -277,8 +277,10 @@ def _json_text(converters: list[Any]) -> Callable[[Any, Any, Any], Any]:
     it with json — but for a long text, parsed as before by ``converters``, Django's own."""
 
     def convert(value: Any, expression: Any, connection: Any) -> Any:
-        if value is None or len(value) <= _JSON_AS_TEXT_UP_TO:
-            return None if value is None else orjson.Fragment(value)
+        if value is None:
+            return None
+        if len(value) <= _JSON_AS_TEXT_UP_TO:
+            return orjson.Fragment(value)
         for converter in converters:
             value = converter(value, expression, connection)
         return value
