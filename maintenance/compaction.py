@@ -5,7 +5,8 @@ entries of one (project, session_key), older than ``consolidation_min_age_days``
 automation may archive, becomes one deterministic ``retrospective`` digest (source
 ``platform``) linked ``evolves_from`` to every fragment; the fragments are archived. Nothing
 is deleted and the run's revert undoes it all; notes without a session key are never
-grouped; the work per group is a constant number of queries. Details: docs/quality.md
+grouped; the groups are written in parts of whole groups, each part a constant number of
+queries. Details: docs/quality.md
 ("Compaction").
 """
 
@@ -94,6 +95,7 @@ def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
         summaries += written
         result.ids += archived.ids
         ctx.heartbeat()
+    result.ids.sort()  # in id order, as every pass reports them
     if summaries:
         refresh_scores(ctx.workspace, now=ctx.now, params=ctx.policy.decay_params, ids=summaries)
     result.count = len(result.ids)
@@ -107,7 +109,8 @@ def _parts(
     """The groups to compact, in order, as parts of whole groups of about ``size`` fragments
     (a larger group is a part of its own): each part is written in one transaction, with a
     constant number of statements. One transaction per group took 11 statements per group,
-    2.8 s of a plan at 1,000,000 entries for 96 groups (bench/reports/maintenance.md)."""
+    about 3 s of a plan at 1,000,000 entries for 96 groups (bench/reports/maintenance.md,
+    "Compaction writes whole groups in parts")."""
     parts: list[list[tuple[tuple[str, str], list[dict[str, Any]]]]] = []
     fill = 0
     for group in chosen:

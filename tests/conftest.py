@@ -62,7 +62,7 @@ def django_db_setup(django_db_setup, django_db_blocker):
             deadline = time.monotonic() + 5
             while True:
                 left = side.execute(
-                    f"SELECT pid, application_name, state, backend_start, left(query, 120) {others}"
+                    f"SELECT pid, application_name, state, backend_start::text, left(query, 120) {others}"
                 ).fetchall()
                 if not left or time.monotonic() > deadline:
                     break
