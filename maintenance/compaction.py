@@ -37,6 +37,8 @@ from memory.write_input import content_hash
 FRAGMENT_TYPES = (EntryType.TEST_ENTRY, EntryType.DEVELOPMENT_NOTE)
 LINE_MAX = 240  # characters of a fragment's first line kept in the digest
 REASON = "compact"
+# Groups to compact: ((project, session_key), their fragments' rows), in order.
+Groups = list[tuple[tuple[str, str], list[dict[str, Any]]]]
 _ROW = ("pk", "title", "created_at", "run_importance", "entry_type")
 
 
@@ -71,7 +73,7 @@ def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
     keys = {(g["project"], g["session_key"]) for g in groups}
     members = _group_rows(ctx, only, keys)
     held = _held_by_group(ctx, only, keys)
-    chosen: list[tuple[tuple[str, str], list[dict[str, Any]]]] = []
+    chosen: Groups = []
     for group in groups:
         key = (group["project"], group["session_key"])
         rows = members.get(key, [])
@@ -103,15 +105,13 @@ def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
     return result
 
 
-def _parts(
-    chosen: list[tuple[tuple[str, str], list[dict[str, Any]]]], size: int
-) -> list[list[tuple[tuple[str, str], list[dict[str, Any]]]]]:
+def _parts(chosen: Groups, size: int) -> list[Groups]:
     """The groups to compact, in order, as parts of whole groups of about ``size`` fragments
     (a larger group is a part of its own): each part is written in one transaction, with a
     constant number of statements. One transaction per group took 11 statements per group,
     about 3 s of a plan at 1,000,000 entries for 96 groups (bench/reports/maintenance.md,
     "Compaction writes whole groups in parts")."""
-    parts: list[list[tuple[tuple[str, str], list[dict[str, Any]]]]] = []
+    parts: list[Groups] = []
     fill = 0
     for group in chosen:
         if not parts or fill + len(group[1]) > size:
@@ -177,7 +177,7 @@ def _held_by_group(
     return held
 
 
-def _write_summaries(ctx: RunContext, part: list[tuple[tuple[str, str], list[dict[str, Any]]]]) -> list[int]:
+def _write_summaries(ctx: RunContext, part: Groups) -> list[int]:
     """The retrospective of each group of ``part``, linked ``evolves_from`` to its fragments;
     returns their ids in the part's order."""
     new: list[NewEntry] = []

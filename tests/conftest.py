@@ -45,7 +45,7 @@ def django_db_setup(django_db_setup, django_db_blocker):
     in a warning, so that the drop cannot fail ("being accessed by other users") and leave the
     database behind. The check connects outside the pool: through Django's ``connection`` it
     opened a new pool, whose idle spare connection (its last statement the time-zone setting)
-    was the very session it then waited 10 s for and ended. Still seen in 2 of 6 full runs: an
+    was the very session it then waited 10 s for and ended. Still seen in 3 of 8 full runs: an
     idle session of the worker whose last statement was the live relay's read of the outbox;
     where it comes from is not known."""
     yield
