@@ -25,6 +25,7 @@ import traceback
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
 from dataclasses import replace
+from functools import partial
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,6 +37,7 @@ from maintenance import backups, bookkeeping, hygiene, lease, passes, plan_snaps
 from maintenance.models import MaintenanceRun, RunKind, RunStatus
 from maintenance.pass_tools import LeaseLost, PassResult, RunContext
 from maintenance.run_results import (
+    BREAKER_MIN_ENTRIES,
     COUNT_KEYS,
     PROPOSING,
     ROWS_KEY,
@@ -199,11 +201,14 @@ def _execute(
     *,
     skip: tuple[str, ...] = (),
     recorder: Progress | None = None,
+    counts_orphans: Callable[[Outcome], bool] | None = None,
 ) -> Outcome:
+    """Every pass of ``kind`` in order but those in ``skip``; the orphan count (a metric,
+    the last pass) only where ``counts_orphans`` says yes, given what the passes before it did."""
     outcome = Outcome()
     ctx.held, ctx.any_held = set(), None
     for step_no, (key, step) in enumerate(steps(kind), start=1):
-        if key in skip:
+        if key in skip or (key == "orphans" and counts_orphans is not None and not counts_orphans(outcome)):
             continue
         if progress is not None:
             progress(key)
@@ -240,6 +245,7 @@ def _plan(
     kind: str,
     keep_alive: Callable[[], bool] | None = None,
     recorder: Progress | None = None,
+    counts_orphans: Callable[[Outcome], bool] | None = None,
 ) -> Outcome:
     """Every pass inside one transaction that is rolled back. Lease renewals inside it would be
     rolled back too (or, on SQLite, land in the plan's copy of the database), so they are
@@ -248,7 +254,8 @@ def _plan(
     (``lease.keep_alive``: PostgreSQL, and SQLite where the plan runs on a copy of the database,
     ``plan_snapshot``), so a plan longer than the lease's TTL keeps it. The score
     pass writes the plan's scores into a temporary narrow table rather than into every entry's
-    row (``scoring_db.plan_scores``)."""
+    row (``scoring_db.plan_scores``). ``counts_orphans``: whether the plan counts orphans
+    (``_plan_counts_orphans``)."""
     outcome: Outcome | None = None
 
     def renew() -> bool:
@@ -269,7 +276,7 @@ def _plan(
                 statuses,
                 verdicts.kept(),
             ):
-                outcome = _execute(planning, kind, None, recorder=recorder)
+                outcome = _execute(planning, kind, None, recorder=recorder, counts_orphans=counts_orphans)
                 scoring_db.drop_plan_scores()
                 raise _Rollback
         except _Rollback:
@@ -421,7 +428,7 @@ def execute_run(
                 )
             )
             ctx.heartbeat()
-        plan = _plan(ctx, kind, keep_alive, recorder)
+        plan = _plan(ctx, kind, keep_alive, recorder, partial(_plan_counts_orphans, dry_run, force, policy))
         recorder.phase = "apply"
         live_entries = live_count(workspace)
         blocked = breaker_trips(plan, live_entries, policy)
@@ -501,6 +508,17 @@ def execute_run(
         _usable_connection()
         scratch.close()
         lease.release(workspace, holder=holder)
+
+
+def _plan_counts_orphans(dry_run: bool, force: bool, policy: PolicyValues, so_far: Outcome) -> bool:
+    """Whether a run's plan counts orphans (the last pass, a metric), given its passes so far.
+    Only a run that ends with its plan reads that count: a dry run, and a run the circuit
+    breaker blocks — possible only in apply mode, unforced, with more than
+    ``BREAKER_MIN_ENTRIES`` tombstones planned. A run that applies reports its apply's count
+    (propose mode too: orphans is not a proposing pass), so its plan's was 1.7–2.4 s of a
+    first run at 1,000,000 entries for nothing (bench/reports/maintenance.md, "What a first
+    run must write")."""
+    return dry_run or (not force and not policy.proposes and so_far.tombstones > BREAKER_MIN_ENTRIES)
 
 
 def _usable_connection() -> None:

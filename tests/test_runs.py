@@ -500,6 +500,30 @@ def test_the_circuit_breaker_blocks_a_run_that_would_tombstone_most_entries(work
     assert all(status(e) == "active" for e in warm)
 
 
+def test_the_plan_counts_orphans_only_for_a_run_that_ends_with_it(workspace, now, monkeypatch):
+    """Orphans is a metric, the last pass: a run that applies reports its apply's count, so
+    its plan does not count them; a dry run and a run the breaker blocks report their plan's
+    count, the same number."""
+    from maintenance import passes
+
+    counted = []
+    plan_count = passes._planned_orphans
+    monkeypatch.setattr(passes, "_planned_orphans", lambda ctx: counted.append(ctx.now) or plan_count(ctx))
+    cold = [make(workspace, now, age_days=100) for _ in range(21)]
+    for _ in range(3):
+        make(workspace, now, age_days=40, importance=0.05)  # stale, kept: orphans after the run
+    make(workspace, now)
+    dry = run(workspace, now, dry_run=True)
+    blocked = run(workspace, now)
+    assert dry["status"] == blocked["status"] == "blocked" and len(counted) == 2
+    forced = run(workspace, now, force=True)
+    assert forced["status"] == "succeeded" and len(counted) == 2  # its plan did not count
+    assert all(status(e) == "tombstoned" for e in cold)
+    assert 0 < dry["counts"]["orphans"] == blocked["counts"]["orphans"] == forced["counts"]["orphans"]
+    quiet = run(workspace, now, dry_run=True)  # nothing left to tombstone: a dry run still counts
+    assert len(counted) == 3 and quiet["counts"]["orphans"] == forced["counts"]["orphans"]
+
+
 def test_the_breaker_ignores_twenty_or_fewer_tombstones(workspace, now):
     for _ in range(20):
         make(workspace, now, age_days=100)
