@@ -88,7 +88,9 @@ def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
             written = _write_summaries(ctx, part)
             archived = transition(
                 ctx,
-                fragments(ctx, only).filter(pk__in=[r["pk"] for r in fragment_rows]),
+                # The part's fragments are among ``only`` already: a second id list beside it
+                # made PostgreSQL count an index probe per pair of ids and scan the table.
+                fragments(ctx).filter(pk__in=[r["pk"] for r in fragment_rows]),
                 to_status=Status.ARCHIVED,
                 reason=REASON,
                 # One transaction for the part: its row locks in id order.

@@ -344,3 +344,34 @@ def test_a_group_larger_than_a_batch_locks_its_fragments_in_id_order(workspace, 
     monkeypatch.setattr(lifecycle, "change_selected", spy_selected)
     assert consolidate(workspace, now, batch_size=2)["counts"]["summaries_created"] == 1
     assert archived == ids
+
+
+def test_a_real_run_s_apply_compacts_its_plan_s_fragments_alone(workspace, now, monkeypatch):
+    """The plan finds the groups; the apply re-checks those fragments by the same rule
+    instead of counting every session's fragments again. A fragment that turns up after the
+    plan waits for the next run; none planned, the apply reads nothing; more than
+    ``PLANNED_FRAGMENTS_MAX`` planned, it reads the candidates again."""
+    from maintenance import compaction, passes
+
+    seen = []
+    compact = compaction.compact
+    monkeypatch.setattr(compaction, "compact", lambda ctx, only=None: seen.append(only) or compact(ctx, only=only))
+    first = group(workspace, now, 11)
+    other = group(workspace, now, 12, session="feature-search")
+    dry = consolidate(workspace, now, dry_run=True)
+    real = consolidate(workspace, now)
+    planned = sorted(f.pk for f in first + other)
+    assert seen == [None, None, planned]  # the dry run's plan, the real run's plan, its apply
+    assert real["affected"]["archived"] == dry["affected"]["archived"] == planned
+    assert real["counts"]["summaries_created"] == 2
+
+    seen.clear()
+    late = group(workspace, now, 11, session="feature-billing")
+    monkeypatch.setattr(passes, "planned", lambda ctx, key: None if ctx.planning else [])
+    assert consolidate(workspace, now)["counts"]["consolidated"] == 0  # planned none: left alone
+    assert seen == [None, []] and statuses(late) == {"active"}
+
+    monkeypatch.setattr(passes, "PLANNED_FRAGMENTS_MAX", 5)
+    monkeypatch.setattr(passes, "planned", lambda ctx, key: None if ctx.planning else [late[0].pk] * 6)
+    assert consolidate(workspace, now)["counts"]["consolidated"] == 11  # too many named: read again
+    assert seen[-1] is None and statuses(late) == {"archived"}
