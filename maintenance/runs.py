@@ -25,8 +25,8 @@ import traceback
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
 from dataclasses import replace
-from functools import partial
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 import psycopg

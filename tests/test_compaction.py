@@ -355,7 +355,9 @@ def test_a_real_run_s_apply_compacts_its_plan_s_fragments_alone(workspace, now, 
 
     seen = []
     compact = compaction.compact
-    monkeypatch.setattr(compaction, "compact", lambda ctx, only=None: seen.append(only) or compact(ctx, only=only))
+    monkeypatch.setattr(
+        compaction, "compact", lambda ctx, only=None: seen.append(only) or compact(ctx, only=only)
+    )
     first = group(workspace, now, 11)
     other = group(workspace, now, 12, session="feature-search")
     dry = consolidate(workspace, now, dry_run=True)
