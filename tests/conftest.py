@@ -1,6 +1,9 @@
+import os
+import threading
 import time
 import warnings
 from datetime import UTC, datetime
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -47,7 +50,8 @@ def django_db_setup(django_db_setup, django_db_blocker):
     opened a new pool, whose idle spare connection (its last statement the time-zone setting)
     was the very session it then waited 10 s for and ended. Still seen in 3 of 8 full runs: an
     idle session of the worker whose last statement was the live relay's read of the outbox;
-    where it comes from is not known."""
+    where it comes from is not known: the warning names the process that holds each session's
+    socket (``_holder``), and this process's threads when it is this one."""
     yield
     with django_db_blocker.unblock():
         if connection.vendor != "postgresql":
@@ -62,14 +66,42 @@ def django_db_setup(django_db_setup, django_db_blocker):
             deadline = time.monotonic() + 5
             while True:
                 left = side.execute(
-                    f"SELECT pid, application_name, state, backend_start::text, left(query, 120) {others}"
+                    f"SELECT pid, client_port, state, backend_start::text, left(query, 120) {others}"
                 ).fetchall()
                 if not left or time.monotonic() > deadline:
                     break
                 time.sleep(0.1)
             if left:
                 side.execute(f"SELECT pg_terminate_backend(pid) {others}")
-                warnings.warn(f"sessions left on the test database, ended: {left}", stacklevel=1)
+                held = [(*row, _holder(row[1])) for row in left]
+                warnings.warn(f"sessions left on the test database, ended: {held}", stacklevel=1)
+
+
+def _holder(port: int | None) -> str:
+    """Which local process holds the client end of a database session (its TCP port), read
+    from /proc (Linux; "unknown" elsewhere or for a Unix socket): its pid and command line, and
+    when it is this process, the names of its threads."""
+    try:
+        inodes = {
+            fields[9]
+            for table in ("/proc/net/tcp", "/proc/net/tcp6")
+            for fields in (line.split() for line in Path(table).read_text().splitlines()[1:])
+            if port and int(fields[1].rsplit(":", 1)[1], 16) == port
+        }
+        for fd in Path("/proc").glob("[0-9]*/fd/*"):
+            try:
+                link = os.readlink(fd)
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                pid = int(fd.parts[2])
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+                if pid == os.getpid():
+                    command += f" (this process; threads: {[t.name for t in threading.enumerate()]})"
+                return f"pid {pid}: {command}"
+    except OSError:
+        pass
+    return "unknown"
 
 
 @pytest.fixture
