@@ -37,7 +37,6 @@ from maintenance import backups, bookkeeping, hygiene, lease, passes, plan_snaps
 from maintenance.models import MaintenanceRun, RunKind, RunStatus
 from maintenance.pass_tools import LeaseLost, PassResult, RunContext
 from maintenance.run_results import (
-    BREAKER_MIN_ENTRIES,
     COUNT_KEYS,
     PROPOSING,
     ROWS_KEY,
@@ -428,9 +427,12 @@ def execute_run(
                 )
             )
             ctx.heartbeat()
-        plan = _plan(ctx, kind, keep_alive, recorder, partial(_plan_counts_orphans, dry_run, force, policy))
-        recorder.phase = "apply"
+        # The breaker's live entries, read before the plan: the plan then knows before its
+        # last pass whether the run ends with it (``_plan_counts_orphans``).
         live_entries = live_count(workspace)
+        counts_orphans = partial(_plan_counts_orphans, dry_run, force, policy, live_entries)
+        plan = _plan(ctx, kind, keep_alive, recorder, counts_orphans)
+        recorder.phase = "apply"
         blocked = breaker_trips(plan, live_entries, policy)
         proposing = policy.proposes and any(plan.counts[k] for k in PROPOSING)
         breaker = {"would_trip": blocked, "tombstones": plan.tombstones, "live": live_entries}
@@ -510,15 +512,17 @@ def execute_run(
         lease.release(workspace, holder=holder)
 
 
-def _plan_counts_orphans(dry_run: bool, force: bool, policy: PolicyValues, so_far: Outcome) -> bool:
-    """Whether a run's plan counts orphans (the last pass, a metric), given its passes so far.
-    Only a run that ends with its plan reads that count: a dry run, and a run the circuit
-    breaker blocks — possible only in apply mode, unforced, with more than
-    ``BREAKER_MIN_ENTRIES`` tombstones planned. A run that applies reports its apply's count
-    (propose mode too: orphans is not a proposing pass), so its plan's was 1.7–2.4 s of a
-    first run at 1,000,000 entries for nothing (bench/reports/maintenance.md, "What a first
-    run must write")."""
-    return dry_run or (not force and not policy.proposes and so_far.tombstones > BREAKER_MIN_ENTRIES)
+def _plan_counts_orphans(
+    dry_run: bool, force: bool, policy: PolicyValues, live: int, so_far: Outcome
+) -> bool:
+    """Whether a run's plan counts orphans (the last pass, a metric), given its passes so far
+    (the tombstoning passes 8–11 among them) and the breaker's ``live`` entries. Only a run
+    that ends with its plan reads that count: a dry run, and a run the circuit breaker blocks
+    (apply mode, not forced). A run that applies reports its apply's count (propose mode
+    too: orphans is not a proposing pass), so its plan's was 1.7–2.4 s of a first run at
+    1,000,000 entries for nothing (bench/reports/maintenance.md, "What a first run must
+    write")."""
+    return dry_run or (not force and not policy.proposes and breaker_trips(so_far, live, policy))
 
 
 def _usable_connection() -> None:
