@@ -376,7 +376,8 @@ def test_a_202_run_is_worked_by_the_real_qcluster_and_its_end_shows_in_the_api(w
 
 
 def subprocess_start(args: list[str], env: dict[str, str], log: Path) -> Any:
-    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    with log.open("wb") as out:  # the child writes through its own copy of the file
+        return subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def test_the_mcp_preview_of_a_large_workspace_answers_the_queued_run_as_a_result(workspace, settings):

@@ -101,7 +101,8 @@ def assert_abandoned(run: MaintenanceRun) -> None:
 
 
 def start(args: list[str], env: dict[str, str], log: Path, **popen) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, **popen)
+    with log.open("wb") as out:  # the child writes through its own copy of the file
+        return subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, **popen)
 
 
 def cluster_running(log: Path) -> bool:
