@@ -51,7 +51,7 @@ def django_db_setup(django_db_setup, django_db_blocker):
     was the very session it then waited 10 s for and ended. Still seen in 3 of 8 full runs: an
     idle session of the worker whose last statement was the live relay's read of the outbox;
     where it comes from is not known: the warning names the process that holds each session's
-    socket (``_holder``), and this process's threads when it is this one."""
+    socket (``_holders``), and this process's threads when it is this one."""
     yield
     with django_db_blocker.unblock():
         if connection.vendor != "postgresql":
@@ -66,42 +66,71 @@ def django_db_setup(django_db_setup, django_db_blocker):
             deadline = time.monotonic() + 5
             while True:
                 left = side.execute(
-                    f"SELECT pid, client_port, state, backend_start::text, left(query, 120) {others}"
+                    f"SELECT pid, application_name, client_port, state, backend_start::text,"
+                    f" left(query, 120) {others}"
                 ).fetchall()
                 if not left or time.monotonic() > deadline:
                     break
                 time.sleep(0.1)
             if left:
+                held = [(*row, _holders(row[2])) for row in left]  # before their sockets close
                 side.execute(f"SELECT pg_terminate_backend(pid) {others}")
-                held = [(*row, _holder(row[1])) for row in left]
                 warnings.warn(f"sessions left on the test database, ended: {held}", stacklevel=1)
 
 
-def _holder(port: int | None) -> str:
-    """Which local process holds the client end of a database session (its TCP port), read
-    from /proc (Linux; "unknown" elsewhere or for a Unix socket): its pid and command line, and
-    when it is this process, the names of its threads."""
+def _holders(port: int | None) -> str:
+    """Which local processes hold the client end of a database session (its TCP port), read
+    from /proc (Linux): each one's pid and command line, and when it is this process, the
+    names of its threads. "unknown" where that cannot be told (another system, a Unix socket,
+    a process gone meanwhile); never raises, so that the warning it goes into is always given."""
     try:
-        inodes = {
-            fields[9]
-            for table in ("/proc/net/tcp", "/proc/net/tcp6")
-            for fields in (line.split() for line in Path(table).read_text().splitlines()[1:])
-            if port and int(fields[1].rsplit(":", 1)[1], 16) == port
-        }
-        for fd in Path("/proc").glob("[0-9]*/fd/*"):
-            try:
-                link = os.readlink(fd)
-            except OSError:
-                continue
-            if link.startswith("socket:[") and link[8:-1] in inodes:
-                pid = int(fd.parts[2])
-                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
-                if pid == os.getpid():
-                    command += f" (this process; threads: {[t.name for t in threading.enumerate()]})"
-                return f"pid {pid}: {command}"
+        return ", ".join(_proc_holders(port)) or "unknown"
+    except Exception as exc:  # a diagnosis only
+        return f"unknown ({exc!r})"
+
+
+def _proc_holders(port: int | None) -> list[str]:
+    if not port or port <= 0:
+        return []
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for fields in (line.split() for line in lines):
+            if len(fields) > 9 and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    found = []
+    for pid in (name for name in os.listdir("/proc") if name.isdigit()) if inodes else ():
+        if not any(_link(f"/proc/{pid}/fd/{fd}") in inodes for fd in _listing(f"/proc/{pid}/fd")):
+            continue
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:  # gone meanwhile
+            continue
+        described = f"pid {pid}: {command.decode(errors='replace')[:160]}"
+        if int(pid) == os.getpid():
+            described += f" (this process; threads: {[t.name for t in threading.enumerate()]})"
+        found.append(described)
+    return found
+
+
+def _listing(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:  # a process gone meanwhile, or not ours to read
+        return []
+
+
+def _link(path: str) -> str:
+    """The socket inode a /proc file descriptor names ("" for anything else, or one closed
+    meanwhile: the listing's own, for one)."""
+    try:
+        target = os.readlink(path)
     except OSError:
-        pass
-    return "unknown"
+        return ""
+    return target[8:-1] if target.startswith("socket:[") else ""
 
 
 @pytest.fixture
