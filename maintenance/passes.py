@@ -202,8 +202,8 @@ def archive_low_quality(ctx: RunContext) -> PassResult:
 
 
 # A real run's apply compacts its plan's fragments (``planned``) when they are at most this
-# many: ``compaction.compact`` names them in one statement (a statement takes at most 32,766
-# parameters on SQLite by default, 65,535 on PostgreSQL); more are read again.
+# many: each of ``compaction.compact``'s few statements names them all (SQLite takes at most
+# 32,766 parameters a statement by default); more are read again.
 PLANNED_FRAGMENTS_MAX = 5000
 
 

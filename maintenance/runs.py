@@ -4,7 +4,8 @@ A run takes the workspace's lease (or ends ``skipped``), marks runs killed earli
 (and queued runs no worker started for hours), then works in two phases, recording where it is
 once per pass (``Progress``):
 
-1. **Plan.** Every pass runs inside one transaction that is rolled back: the exact counts and
+1. **Plan.** Every pass runs inside one transaction that is rolled back (the orphan count, a
+   metric, only where the run ends with its plan: ``_plan_counts_orphans``): the exact counts and
    ids the run would produce — it *is* the dry run — and the circuit breaker's verdict, before
    anything changes. Scores go to a temporary table (``scoring_db.plan_scores``) and statuses
    beside the entries (``plan_status``), so the entries stay unlocked for the API; the lease is

@@ -348,8 +348,8 @@ def test_a_group_larger_than_a_batch_locks_its_fragments_in_id_order(workspace, 
 
 def test_a_real_run_s_apply_compacts_its_plan_s_fragments_alone(workspace, now, monkeypatch):
     """The plan finds the groups; the apply re-checks those fragments by the same rule
-    instead of counting every session's fragments again. A fragment that turns up after the
-    plan waits for the next run; none planned, the apply reads nothing; more than
+    instead of counting every session's fragments again; a fragment that turns up after the
+    plan is not compacted by this run. None planned, the apply reads nothing; more than
     ``PLANNED_FRAGMENTS_MAX`` planned, it reads the candidates again."""
     from maintenance import compaction, passes
 

@@ -500,6 +500,28 @@ def test_the_circuit_breaker_blocks_a_run_that_would_tombstone_most_entries(work
     assert all(status(e) == "active" for e in warm)
 
 
+def test_an_orphan_has_no_active_link_on_either_side_and_a_low_importance(workspace, now):
+    """The apply's orphan count (``passes.count_orphans``, one NOT EXISTS per side of a link):
+    a link from the entry or to it keeps it from being an orphan, a pruned one does not."""
+    from maintenance import pass_tools, passes, runs
+    from memory.policy import PolicyValues
+
+    low = [make(workspace, now, importance=0.1) for _ in range(4)]
+    high = [make(workspace, now, importance=0.5) for _ in range(4)]
+    relationships.relationship_create(workspace=workspace, from_id=low[0].pk, to_id=high[0].pk, now=now)
+    relationships.relationship_create(workspace=workspace, from_id=high[1].pk, to_id=low[1].pk, now=now)
+    pruned, _ = relationships.relationship_create(
+        workspace=workspace, from_id=low[2].pk, to_id=high[2].pk, now=now
+    )
+    Relationship.objects.filter(pk=pruned.pk).update(pruned_at=now)
+    # A link rescores its ends: the stored importances set again after them.
+    Entry.objects.filter(pk__in=[e.pk for e in low]).update(importance=0.1)
+    Entry.objects.filter(pk__in=[e.pk for e in high]).update(importance=0.5)
+    ctx = pass_tools.RunContext(workspace=workspace, now=now, policy=PolicyValues(), run=None)
+    assert passes.count_orphans(ctx).count == 2  # low[2] (its only link pruned) and low[3]
+    assert runs.RUN_PASSES["full"][-1][0] == "orphans"  # the plan decides it after every other pass
+
+
 def test_the_plan_counts_orphans_only_for_a_run_that_ends_with_it(workspace, now, monkeypatch):
     """Orphans is a metric, the last pass: a run that applies reports its apply's count, so
     its plan does not count them; a dry run and a run the breaker blocks report their plan's
