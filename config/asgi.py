@@ -15,6 +15,7 @@ from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.db import connections
 from django.http import FileResponse, HttpResponseBase
 from django.urls import set_script_prefix
 
@@ -64,6 +65,12 @@ class SyncStackASGIHandler(ASGIHandler):
             if finished and len(self._idle) < IDLE_THREADS_KEPT:
                 self._idle.append(executor)
             else:
+                # A request that did not finish (its work raised, or it was cancelled) may
+                # never have sent request_finished, which hands its thread's database
+                # connection back to the pool: that thread closes its connections, after
+                # whatever still runs on it, before it ends. Otherwise the pool slot stays
+                # taken until the garbage collector frees the thread's connection wrapper.
+                executor.submit(connections.close_all)
                 executor.shutdown(wait=False)
 
     async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -13,7 +13,9 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import pytest
 from django.core import signals
+from django.db import connection, connections
 
 from config.asgi import SyncStackASGIHandler, django_asgi_app
 
@@ -167,3 +169,35 @@ def test_a_cancelled_request_does_not_hand_its_busy_thread_to_the_next():
     assert status == 404
     assert held and after
     assert after[0] != held[0]  # the next request got a thread of its own, not the busy one
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the pool is PostgreSQL's; an in-memory SQLite ignores close"
+)
+@pytest.mark.django_db(transaction=True)  # the request's thread uses the database
+def test_a_request_whose_work_raises_hands_its_thread_s_database_connection_back():
+    """A request whose synchronous work raises never sends request_finished, which hands its
+    thread's connection back to the pool; the handler does not keep that thread, and before
+    it ends the thread closes its connections: no pool slot stays taken."""
+    seen: list[tuple[Any, threading.Thread]] = []
+
+    def started(sender: Any, scope: dict[str, Any], **kwargs: Any) -> None:
+        if scope["path"] == "/failing-request":
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT 1")
+            seen.append((connections["default"], threading.current_thread()))
+            raise RuntimeError("a receiver of request_started failed")
+
+    async def main() -> None:
+        with contextlib.suppress(RuntimeError):
+            await _get("/failing-request")
+
+    signals.request_started.connect(started)
+    try:
+        _run(main)
+    finally:
+        signals.request_started.disconnect(started)
+    ((wrapper, thread),) = seen
+    thread.join(10)
+    assert not thread.is_alive()
+    assert wrapper.connection is None  # closed on its thread: back in the pool
