@@ -437,7 +437,7 @@ def execute_run(
         blocked = breaker_trips(plan, live_entries, policy)
         proposing = policy.proposes and any(plan.counts[k] for k in PROPOSING)
         breaker = {"would_trip": blocked, "tombstones": plan.tombstones, "live": live_entries}
-        if blocked and not force and not policy.proposes:
+        if _stopped_by_breaker(plan, live_entries, policy, force):
             return finish_run(
                 run,
                 RunStatus.BLOCKED,
@@ -523,7 +523,13 @@ def _plan_counts_orphans(
     too: orphans is not a proposing pass), so its plan's was 1.7–2.4 s of a first run at
     1,000,000 entries for nothing (bench/reports/maintenance.md, "What a first run must
     write")."""
-    return dry_run or (not force and not policy.proposes and breaker_trips(so_far, live, policy))
+    return dry_run or _stopped_by_breaker(so_far, live, policy, force)
+
+
+def _stopped_by_breaker(outcome: Outcome, live: int, policy: PolicyValues, force: bool) -> bool:
+    """Whether a run whose plan did ``outcome`` ends there, ``blocked``: the breaker trips, in
+    apply mode (propose mode proposes instead), and the run is not forced."""
+    return not force and not policy.proposes and breaker_trips(outcome, live, policy)
 
 
 def _usable_connection() -> None:

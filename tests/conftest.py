@@ -101,8 +101,10 @@ def _proc_holders(port: int | None) -> list[str]:
         for fields in (line.split() for line in lines):
             if len(fields) > 9 and int(fields[1].rsplit(":", 1)[1], 16) == port:
                 inodes.add(fields[9])
+    if not inodes:
+        return []
     found = []
-    for pid in (name for name in os.listdir("/proc") if name.isdigit()) if inodes else ():
+    for pid in (name for name in os.listdir("/proc") if name.isdigit()):
         if not any(_link(f"/proc/{pid}/fd/{fd}") in inodes for fd in _listing(f"/proc/{pid}/fd")):
             continue
         try:
