@@ -175,3 +175,25 @@ def test_a_plan_leaves_the_rows_it_changes_unlocked(monkeypatch, now):
     assert result["counts"]["stale_marked"] == 1
     assert outcome == {"rows": 1}
     assert Entry.objects.get(pk=old.pk).title == "written meanwhile"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the overlay's statistics are PostgreSQL's")
+def test_the_overlay_s_statistics_are_renewed_once_a_tenth_of_its_rows_are_new(now):
+    """The overlay is analysed after ANALYZE_FROM recorded rows, then only once the rows
+    recorded since reach a tenth of those before: a pass recording batch by batch into a large
+    overlay does not sample all of it again for every thousand."""
+    from django.db import transaction
+    from django.test.utils import CaptureQueriesContext
+
+    def analyses(ids):
+        with CaptureQueriesContext(connection) as seen:
+            plan_status.record(ids, "stale", now)
+        return sum("ANALYZE" in q["sql"] for q in seen.captured_queries)
+
+    with transaction.atomic(), plan_status.overlay():
+        assert analyses(range(1, 900)) == 0  # below ANALYZE_FROM
+        assert analyses(range(900, 20_001)) == 1  # 20,000 recorded, all analysed
+        assert analyses(range(20_001, 21_501)) == 0  # 1,500 new: under a tenth of 20,000
+        assert analyses(range(21_501, 22_101)) == 1  # 2,100 new
+        assert analyses(range(22_101, 23_101)) == 0  # 1,000 new: under a tenth of 22,100
+        assert analyses(range(1, 3001)) == 1  # 3,000 recorded again (new statuses) count too
