@@ -15,7 +15,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.contrib.postgres.aggregates import ArrayAgg
+from django.db import connection, transaction
 from django.db.models import Count
 
 from maintenance.pass_tools import (
@@ -61,16 +62,18 @@ def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
     """Pass 7. ``count``/``ids`` are the archived fragments; ``extra`` carries
     ``summaries_created``. ``only``: approving proposals — the same rule over those fragments
     alone (a group that has shrunk to the minimum or below is left as it is)."""
-    groups = list(
-        fragments(ctx, only)
-        .values("project", "session_key")
-        .annotate(n=Count("pk"))
-        .filter(n__gt=ctx.policy.consolidation_min_group)
-        .order_by("project", "session_key")
-    )
+    counted = fragments(ctx, only).values("project", "session_key").annotate(n=Count("pk"))
+    if connection.vendor == "postgresql":
+        # Each group's fragment ids with its count: the rows are then read by id, where reading
+        # them by project and session scanned the workspace's fragments again (no index leads
+        # with either; 0.8 s of a first run's plan at 1,000,000 entries).
+        counted = counted.annotate(ids=ArrayAgg("pk"))
+    groups = list(counted.filter(n__gt=ctx.policy.consolidation_min_group).order_by("project", "session_key"))
     result = PassResult(also={"summaries_created": 0})
     summaries: list[int] = []
     keys = {(g["project"], g["session_key"]) for g in groups}
+    if groups and "ids" in groups[0]:
+        only = sorted(pk for g in groups for pk in g["ids"])
     members = _group_rows(ctx, only, keys)
     held = _held_by_group(ctx, only, keys)
     chosen: Groups = []
