@@ -1,3 +1,4 @@
+import gc
 import os
 import threading
 import time
@@ -51,7 +52,8 @@ def django_db_setup(django_db_setup, django_db_blocker):
     was the very session it then waited 10 s for and ended. Still seen in 3 of 8 full runs: an
     idle session of the worker whose last statement was the live relay's read of the outbox;
     where it comes from is not known: the warning names the process that holds each session's
-    socket (``_holders``), and this process's threads when it is this one."""
+    socket (``_holders``), and this process's threads when it is this one, and what in this
+    process refers to its connection and whether a garbage collection closes it (``_owner``)."""
     yield
     with django_db_blocker.unblock():
         if connection.vendor != "postgresql":
@@ -73,9 +75,46 @@ def django_db_setup(django_db_setup, django_db_blocker):
                     break
                 time.sleep(0.1)
             if left:
-                held = [(*row, _holders(row[2])) for row in left]  # before their sockets close
+                # Named before their sockets close.
+                held = [(*row, _holders(row[2]), _owner(row[0])) for row in left]
                 side.execute(f"SELECT pg_terminate_backend(pid) {others}")
                 warnings.warn(f"sessions left on the test database, ended: {held}", stacklevel=1)
+
+
+def _owner(pid: int) -> str:
+    """In this process, the psycopg connection to the session ``pid`` and what refers to it
+    (types, two levels up), and whether a garbage collection closed it. "" when no connection
+    of this process has that session; never raises."""
+    try:
+        described = _referred(pid)  # its own frame: no reference is left for the collection
+        if not described:
+            return ""
+        gc.collect()
+        after = "still open after one" if _connections(pid) else "closed by a garbage collection"
+        return f"{'; '.join(described)}, {after}"
+    except Exception as exc:  # a diagnosis only
+        return f"owner unknown ({exc!r})"
+
+
+def _connections(pid: int) -> list[psycopg.Connection]:
+    return [
+        obj
+        for obj in gc.get_objects()
+        if isinstance(obj, psycopg.Connection) and not obj.closed and obj.info.backend_pid == pid
+    ]
+
+
+def _referred(pid: int) -> list[str]:
+    found = _connections(pid)
+    described = []
+    for conn in found:
+        chain = []
+        for ref in gc.get_referrers(conn):
+            if ref is not found:
+                above = sorted({type(r).__name__ for r in gc.get_referrers(ref) if r is not found})
+                chain.append(f"{type(ref).__name__}<-{above[:6]}")
+        described.append(f"psycopg connection referred to by {chain[:6]}")
+    return described
 
 
 def _holders(port: int | None) -> str:
