@@ -86,16 +86,25 @@ def eligible_entries(
     )
 
 
-def _oldest_live(workspace: Workspace, hashes: set[str]) -> dict[str, tuple[datetime, int]]:
-    """For each hash, (created_at, id) of its oldest live latest entry (one query)."""
-    oldest: dict[str, tuple[datetime, int]] = {}
+# Per content hash, (created_at, id) of its oldest live latest entry, or None: what
+# ``_oldest_live`` found so far for one caller's scan.
+Oldest = dict[str, tuple[datetime, int] | None]
+
+
+def _oldest_live(workspace: Workspace, hashes: set[str], known: Oldest | None = None) -> Oldest:
+    """For each hash, (created_at, id) of its oldest live latest entry (one query), or None.
+    ``known``: what earlier calls of the same scan found, read again for no hash (and filled)."""
+    known = {} if known is None else known
+    wanted = hashes - known.keys()
+    known.update(dict.fromkeys(wanted))
     rows = Entry.objects.filter(
-        status_in(LIVE_STATUSES), workspace=workspace, is_latest=True, content_hash__in=hashes
+        status_in(LIVE_STATUSES), workspace=workspace, is_latest=True, content_hash__in=wanted
     ).values_list("content_hash", "created_at", "pk")
     for h, created, pk in rows:
-        if h not in oldest or (created, pk) < oldest[h]:
-            oldest[h] = (created, pk)
-    return oldest
+        first = known[h]
+        if first is None or (created, pk) < first:
+            known[h] = (created, pk)
+    return {h: known[h] for h in hashes}
 
 
 _SCAN_FIELDS = ("pk", "content_hash", "source", "last_feedback", "access_count", "created_at")
@@ -230,13 +239,15 @@ def scan(
     batch_size: int = BATCH_SIZE,
     on_batch: Callable[[], None] = lambda: None,
     store: bool = True,
+    oldest: Oldest | None = None,
 ) -> Iterator[Candidate]:
     """Assess every entry of ``qs`` in keyset batches; yields the candidates (score ≥
     CANDIDATE_SCORE). The text detectors run only for entries without a valid stored
     assessment (``HygieneAssessment``: same title, content hash and patterns), whose verdicts
     are then stored (``store``; not by a run's plan, whose writes are rolled back anyway and
     would hold the rows' locks until then). Queries per batch: two, plus two when some entry
-    needs assessing."""
+    needs assessing. ``oldest``: the duplicates' oldest copies found by earlier scans of the
+    same caller, where nothing changed meanwhile (``_oldest_live``)."""
     stored = _stored(patterns).values("reasons")[:1]
     last = 0
     while True:
@@ -250,7 +261,7 @@ def scan(
             return
         last = rows[-1]["pk"]
         _text_reasons_of(rows, patterns, store=store)
-        yield from (c for c in _candidates_of(workspace, rows) if c.score >= CANDIDATE_SCORE)
+        yield from (c for c in _candidates_of(workspace, rows, oldest) if c.score >= CANDIDATE_SCORE)
         on_batch()
 
 
@@ -383,10 +394,13 @@ def _rank_filter(workspace: Workspace, recommendation: str | None, reason: str |
     return wanted | Q(points__isnull=True)
 
 
-def _candidates_of(workspace: Workspace, rows: list[dict[str, Any]]) -> list[Candidate]:
+def _candidates_of(
+    workspace: Workspace, rows: list[dict[str, Any]], known: Oldest | None = None
+) -> list[Candidate]:
     """Each row as a Candidate (their order kept): its ``text_reasons`` and the column reasons,
-    the duplicate's older id found for these rows alone (one query). The caller filters."""
-    oldest = _oldest_live(workspace, {r["content_hash"] for r in rows})
+    the duplicate's older id found for these rows alone (one query; ``known``: see
+    ``_oldest_live``). The caller filters."""
+    oldest = _oldest_live(workspace, {r["content_hash"] for r in rows}, known)
     found = []
     for r in rows:
         first = oldest.get(r["content_hash"])

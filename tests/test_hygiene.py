@@ -774,6 +774,33 @@ def test_pass_six_query_count_is_bounded(workspace, now):
     assert queries(5) == queries(60)
 
 
+def test_pass_six_reads_each_text_s_oldest_copy_once_across_its_chunks(workspace, now, monkeypatch):
+    """Copies of one text in several of the pass's chunks (batch size 2: chunks of 4): the
+    oldest live copy of each content hash is read once for them all, and every newer copy is
+    still a duplicate of it (its event names the oldest)."""
+    oldest = make(workspace, now, GOOD, age_days=60)
+    copies = [make(workspace, now, GOOD, age_days=50 - i) for i in range(9)]
+    other = make(workspace, now, GOOD + " Twice.", age_days=59)
+    other_copy = make(workspace, now, GOOD + " Twice.", age_days=31)
+    read: list[set[str]] = []
+    real = hygiene._oldest_live
+
+    def spy(ws, hashes, known=None):
+        read.append(hashes - (known or {}).keys())
+        return real(ws, hashes, known)
+
+    monkeypatch.setattr(hygiene, "_oldest_live", spy)
+    result = hygiene_actions.archive_low_quality(context(workspace, now, batch_size=2))
+    assert result.ids == sorted([c.pk for c in copies] + [other_copy.pk])
+    # The 10 newer copies are scanned (the oldest ones score too low), 4 a chunk: the first
+    # chunk reads the first text's oldest copy, the last chunk the second text's.
+    assert [len(hashes) for hashes in read] == [1, 0, 1]
+    for copy in copies:
+        [reason] = LifecycleEvent.objects.get(entry_id=copy.pk, reason="low_quality").details["reasons"]
+        assert reason["detail"] == f"same content as older entry {oldest.pk}"
+    assert Entry.objects.get(pk=other.pk).status == "active"
+
+
 # The tests below go through run_maintenance: they need passes.archive_low_quality to call
 # hygiene_actions.archive_low_quality (the lead's wiring in maintenance/passes.py).
 
