@@ -109,7 +109,7 @@ def keep(
     return {"kept": kept, "skipped": [i for i in requested if i not in done] + invalid}
 
 
-def _low_quality_picks(ctx: RunContext, qs: QuerySet[Entry]) -> dict[int, Candidate]:
+def _low_quality_picks(ctx: RunContext, qs: QuerySet[Entry], oldest: Oldest) -> dict[int, Candidate]:
     """The entries of ``qs`` hygiene recommends archiving. The ids of those the database scores
     high enough (or has no verdict for: ``hygiene.may_archive``) are read first (one
     statement), then scanned by id: inside a plan the status rule excludes the entries the
@@ -117,12 +117,12 @@ def _low_quality_picks(ctx: RunContext, qs: QuerySet[Entry]) -> dict[int, Candid
     again for every batch (0.25 s a batch at 1,000,000 entries). The duplicates' oldest copies are
     read once per content hash for all the chunks (nothing changes status before the pass has
     picked): copies of the same few texts came back with every chunk, about 20 rows read per
-    candidate (1.2 s of a first run's plan at 1,000,000 entries, and 0.9 s of its apply)."""
+    candidate (1.2 s of a first run's plan at 1,000,000 entries, and 0.9 s of its apply):
+    ``oldest``, shared by the caller's calls."""
     _, patterns = read_policy(ctx.workspace)
     ids = list(may_archive(ctx.workspace, qs, patterns).order_by("pk").values_list("pk", flat=True))
     step = ctx.batch_size * 2
     picks: dict[int, Candidate] = {}
-    oldest: Oldest = {}
     for start in range(0, len(ids), step):
         chunk = Entry.objects.filter(pk__any_of=ids[start : start + step])
         for c in scan(
@@ -155,12 +155,13 @@ def archive_low_quality(ctx: RunContext, *, only: Iterable[int] | None = None) -
     rule, re-checked for those ids alone (some thousands at a time)."""
     # Held entries are scanned too, so that only those hygiene really wanted count as skipped.
     base = low_quality_base(ctx).exclude(_protected_but_holds(ctx))
+    oldest: Oldest = {}  # nothing changes status before every candidate is picked
     if only is None:
-        picked = _low_quality_picks(ctx, base)
+        picked = _low_quality_picks(ctx, base, oldest)
     else:
         picked = {}
         for chunk in chunks(sorted(set(only)), ONLY_CHUNK):
-            picked.update(_low_quality_picks(ctx, base.filter(pk__any_of=chunk)))
+            picked.update(_low_quality_picks(ctx, base.filter(pk__any_of=chunk), oldest))
     result = PassResult()
     ids = sorted(picked)
     # One batch to a transition, in the run's thread: the same rule over some thousands of ids

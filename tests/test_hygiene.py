@@ -833,9 +833,9 @@ def test_a_real_run_s_apply_re_checks_only_the_entries_its_plan_archives(workspa
     read: list[tuple[bool, set[int]]] = []
     original = hygiene_actions._low_quality_picks
 
-    def spy(ctx, qs):
+    def spy(ctx, qs, oldest):
         read.append((ctx.planning, set(qs.values_list("pk", flat=True))))
-        return original(ctx, qs)
+        return original(ctx, qs, oldest)
 
     monkeypatch.setattr(hygiene_actions, "_low_quality_picks", spy)
     result = full_run(workspace, now)
