@@ -45,7 +45,8 @@ _ROW = ("pk", "title", "created_at", "run_importance", "entry_type")
 
 def _candidates(ctx: RunContext, only: list[int] | None) -> Any:
     cutoff = ctx.now - timedelta(days=ctx.policy.consolidation_min_age_days)
-    qs = latest(ctx) if only is None else latest(ctx).filter(pk__in=only)
+    # One array of ids on PostgreSQL, whatever their number (``pk__in`` sends one parameter each).
+    qs = latest(ctx) if only is None else latest(ctx).filter(pk__any_of=only)
     return qs.filter(
         status_in([Status.ACTIVE, Status.STALE]),
         entry_type__in=FRAGMENT_TYPES,
@@ -72,9 +73,10 @@ def compact(ctx: RunContext, *, only: list[int] | None = None) -> PassResult:
     result = PassResult(also={"summaries_created": 0})
     summaries: list[int] = []
     keys = {(g["project"], g["session_key"]) for g in groups}
-    if groups and "ids" in groups[0]:
-        only = sorted(pk for g in groups for pk in g["ids"])
-    members = _group_rows(ctx, only, keys)
+    # The groups' fragments by id (PostgreSQL); a held one is not among them (``fragments``
+    # leaves it out), so the held are still looked for among ``only``.
+    among = sorted(pk for g in groups for pk in g["ids"]) if groups and "ids" in groups[0] else only
+    members = _group_rows(ctx, among, keys)
     held = _held_by_group(ctx, only, keys)
     chosen: Groups = []
     for group in groups:

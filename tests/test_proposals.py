@@ -540,6 +540,21 @@ def test_a_held_fragment_of_a_group_too_small_to_compact_is_not_counted_as_skipp
     assert run(workspace)["counts"]["held_skipped"] == 0
 
 
+def test_a_held_fragment_of_a_compacted_group_is_counted_as_skipped(workspace):
+    """Compaction reads a group's fragments by the ids its count returns on PostgreSQL; the held
+    fragment is not among those, and still counts as skipped, in the dry run and the real one."""
+    notes = [
+        make(workspace, age_days=20, entry_type="development_note", session_key="s-7", tier="semantic")
+        for _ in range(12)
+    ]
+    hygiene_actions.keep(workspace, [notes[0].pk], actor="user:ops", now=NOW)
+    dry = run(workspace, dry_run=True)
+    real = run(workspace)
+    for result in (dry, real):
+        assert result["counts"]["consolidated"] == 11 and result["counts"]["held_skipped"] == 1
+    assert Entry.objects.get(pk=notes[0].pk).status == Status.ACTIVE
+
+
 # A pass's read of the held entries among its candidates: its rule without the hold, then the
 # hold (``pass_tools.held_only``); the question whether the workspace has any hold at all.
 HELD_READ = re.compile(r'"pinned"\)+ AND "memory_entry"\."held_at" IS NOT NULL')
