@@ -100,7 +100,9 @@ def _connections(pid: int) -> list[psycopg.Connection]:
     return [
         obj
         for obj in gc.get_objects()
-        if isinstance(obj, psycopg.Connection) and not obj.closed and obj.info.backend_pid == pid
+        # type(), not isinstance(): isinstance asks an object's __class__, which evaluates a
+        # lazy object left on the heap (a request's user: a query, a new session).
+        if issubclass(type(obj), psycopg.Connection) and not obj.closed and obj.info.backend_pid == pid
     ]
 
 
