@@ -115,7 +115,7 @@ def _low_quality_picks(ctx: RunContext, qs: QuerySet[Entry], oldest: Oldest) -> 
     statement), then scanned by id: inside a plan the status rule excludes the entries the
     plan moved (``maintenance.plan_status``), an anti-join PostgreSQL would otherwise hash
     again for every batch (0.25 s a batch at 1,000,000 entries). The duplicates' oldest copies are
-    read once per content hash for all the chunks (nothing changes status before the pass has
+    read once per content hash for all the chunks (the pass changes no status before it has
     picked): copies of the same few texts came back with every chunk, about 20 rows read per
     candidate (1.2 s of a first run's plan at 1,000,000 entries, and 0.9 s of its apply):
     ``oldest``, shared by the caller's calls."""
@@ -155,7 +155,7 @@ def archive_low_quality(ctx: RunContext, *, only: Iterable[int] | None = None) -
     rule, re-checked for those ids alone (some thousands at a time)."""
     # Held entries are scanned too, so that only those hygiene really wanted count as skipped.
     base = low_quality_base(ctx).exclude(_protected_but_holds(ctx))
-    oldest: Oldest = {}  # nothing changes status before every candidate is picked
+    oldest: Oldest = {}  # the pass changes no status before every candidate is picked
     if only is None:
         picked = _low_quality_picks(ctx, base, oldest)
     else:

@@ -29,9 +29,9 @@ TABLE = "maintenance_planstatus"
 CHUNK = 2000
 ARRAY_CHUNK = 50_000  # ids per statement on PostgreSQL, sent as one array
 # The table's statistics are renewed once the rows recorded since the last renewal reach
-# ANALYZE_FROM and a tenth of the rows recorded before it (PostgreSQL's own autovacuum rule, which
-# never visits a temporary table): each ANALYZE samples the whole table, and the low-quality
-# pass's batches of 500 renewed it seven times over 800,000 rows (0.4 s of a first run's plan at
+# ANALYZE_FROM and a tenth of the rows recorded before it (after autovacuum's rule, which never
+# visits a temporary table): each ANALYZE samples the whole table, and the low-quality pass's
+# batches of 500 renewed it seven times over about 550,000 rows (0.4 s of a first run's plan at
 # 1,000,000 entries) for estimates that had barely moved.
 ANALYZE_FROM = 1000
 ANALYZE_SHARE = 0.1
@@ -43,7 +43,7 @@ class _State:
 
     def __init__(self) -> None:
         self.unanalysed = 0  # rows recorded since the table's statistics were last renewed
-        self.analysed = 0  # rows recorded before that renewal (about the rows the table held)
+        self.analysed = 0  # rows recorded before that renewal (an entry recorded twice counts twice)
         self.into: set[str] = set()
         self.earliest: datetime | None = None
 

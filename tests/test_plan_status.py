@@ -196,4 +196,4 @@ def test_the_overlay_s_statistics_are_renewed_once_a_tenth_of_its_rows_are_new(n
         assert analyses(range(20_001, 21_501)) == 0  # 1,500 new: under a tenth of 20,000
         assert analyses(range(21_501, 22_101)) == 1  # 2,100 new
         assert analyses(range(22_101, 23_101)) == 0  # 1,000 new: under a tenth of 22,100
-        assert analyses(range(1, 3001)) == 1  # 3,000 recorded again (new statuses) count too
+        assert analyses(range(1, 3001)) == 1  # rows recorded again count too
