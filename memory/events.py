@@ -23,13 +23,14 @@ import os
 import secrets
 import socket
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import BaseChannelLayer, InMemoryChannelLayer, get_channel_layer
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from memory.models import LiveMessage
@@ -142,28 +143,42 @@ def clean_outbox(now: Any = None) -> int:
 # --- the relay (web processes, embedded mode) ------------------------------------------------------
 
 
-def _off_thread(func: Any) -> Any:
-    """``func`` in a thread of the pool, with Django's connection handling: the relay never
-    waits behind the one shared thread of thread-sensitive work (websocket handshakes)."""
-    return database_sync_to_async(func, thread_sensitive=False)
-
-
 class Relay:
     """Forwards outbox rows written by other processes to this process's channel layer.
 
     ``step`` is one poll: rows with an id above the cursor, plus rows of the last
     ``RELAY_LOOKBACK`` not yet seen (on PostgreSQL a smaller id can commit after a larger one);
-    rows written by this process are skipped (``deliver`` already sent them locally)."""
+    rows written by this process are skipped (``deliver`` already sent them locally).
+
+    Its reads run on a thread of its own (``_off_thread``), not on the one shared thread of
+    thread-sensitive work (websocket handshakes), and not on the event loop's default pool:
+    the connection they use belongs to that one thread, which ``close`` hands back when the
+    relay stops. Channels hands it back after each read as well (``database_sync_to_async``),
+    except while its test communicator sends or receives: that replaces channels' clean-up
+    with a no-op for the whole process, and a read that ran meanwhile kept its connection
+    open until the garbage collector found it (a session left on the test database)."""
 
     def __init__(self, layer: BaseChannelLayer) -> None:
         self.layer = layer
         self.cursor: int | None = None
         self.seen: dict[int, float] = {}
         self.last_clean = time.monotonic()
+        self.thread = ThreadPoolExecutor(1, "live-relay")
+
+    def _off_thread(self, func: Any) -> Any:
+        """``func`` on the relay's thread, with Django's connection handling."""
+        return database_sync_to_async(func, thread_sensitive=False, executor=self.thread)
+
+    def close(self) -> Future[None]:
+        """Hand back the database connection of the relay's thread and let the thread end
+        (after any read still running on it); the future is done once the connection is."""
+        closed = self.thread.submit(connections.close_all)
+        self.thread.shutdown(wait=False)
+        return closed
 
     async def start(self) -> None:
         """Begin after what is already there: pages opened now show it already."""
-        self.cursor, recent = await _off_thread(_current)()
+        self.cursor, recent = await self._off_thread(_current)()
         now = time.monotonic()
         self.seen = dict.fromkeys(recent, now)
 
@@ -172,7 +187,7 @@ class Relay:
         if self.cursor is None:
             await self.start()
         assert self.cursor is not None
-        rows = await _off_thread(_fetch)(self.cursor, origin())
+        rows = await self._off_thread(_fetch)(self.cursor, origin())
         forwarded = 0
         now = time.monotonic()
         for pk, workspace_id, html in rows:
@@ -194,10 +209,16 @@ class Relay:
         self.seen = {pk: at for pk, at in self.seen.items() if at >= horizon}
         if now - self.last_clean > CLEAN_EVERY:
             self.last_clean = now
-            await _off_thread(clean_outbox)()
+            await self._off_thread(clean_outbox)()
         return forwarded
 
     async def run(self) -> None:
+        try:
+            await self._polls()
+        finally:
+            self.close()
+
+    async def _polls(self) -> None:
         idle_since: float | None = None
         while True:
             await asyncio.sleep(RELAY_INTERVAL)

@@ -49,11 +49,12 @@ def django_db_setup(django_db_setup, django_db_blocker):
     in a warning, so that the drop cannot fail ("being accessed by other users") and leave the
     database behind. The check connects outside the pool: through Django's ``connection`` it
     opened a new pool, whose idle spare connection (its last statement the time-zone setting)
-    was the very session it then waited 10 s for and ended. Still seen in 3 of 8 full runs: an
-    idle session of the worker whose last statement was the live relay's read of the outbox;
-    where it comes from is not known: the warning names the process that holds each session's
-    socket (``_holders``), and this process's threads when it is this one, and what in this
-    process refers to its connection and whether a garbage collection closes it (``_owner``)."""
+    was the very session it then waited 10 s for and ended. The warning names the process that
+    holds each session's socket (``_holders``), and this process's threads when it is this
+    one, and what in this process refers to its connection and whether a garbage collection
+    closes it (``_owner``). That is how the last one seen was found: the live relay's read of
+    the outbox, run while channels' test communicator had turned channels' connection clean-up
+    off, kept its connection (``memory.events.Relay``, which now hands it back when it stops)."""
     yield
     with django_db_blocker.unblock():
         if connection.vendor != "postgresql":

@@ -10,6 +10,7 @@ import re
 from datetime import timedelta
 from io import StringIO
 from typing import Any
+from unittest import mock
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
@@ -18,7 +19,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connections, transaction
 from django.test import Client
 from django.utils import timezone
 
@@ -451,10 +452,52 @@ def test_old_outbox_rows_are_deleted(workspace):
     assert not LiveMessage.objects.exists()
 
 
+def _spy_on_fetch(monkeypatch) -> list[Any]:
+    """The database wrapper each relay read used (on the relay's thread), in order."""
+    used: list[Any] = []
+    real = events._fetch
+
+    def fetch(*args: Any) -> Any:
+        rows = real(*args)
+        used.append(connections["default"])
+        return rows
+
+    monkeypatch.setattr(events, "_fetch", fetch)
+    return used
+
+
+@pytest.mark.skipif(
+    connections["default"].vendor != "postgresql",
+    reason="SQLite's test database is in memory: Django ignores a close of its connections",
+)
+def test_a_stopped_relay_hands_back_its_connection_even_while_channels_clean_up_is_off(
+    workspace, monkeypatch
+):
+    # Channels' test communicator replaces channels' clean-up after a database call with a
+    # no-op, for the whole process, while it sends or receives; a relay read that ran then
+    # kept its connection, which stayed open until a garbage collection (a session left on
+    # the test database at the end of the run).
+    used = _spy_on_fetch(monkeypatch)
+
+    @async_to_sync
+    async def scenario():
+        relay = Relay(events.get_channel_layer())
+        await relay.start()
+        with mock.patch("channels.db.close_old_connections", lambda: None):
+            await relay.step()
+        kept_open = used[-1].connection is not None
+        await asyncio.wrap_future(relay.close())
+        return kept_open
+
+    assert scenario() is True  # the read's connection outlived it, as under the communicator
+    assert used[-1].connection is None
+
+
 def test_the_first_websocket_starts_the_relay_task_which_delivers_by_itself(workspace, member, monkeypatch):
     monkeypatch.setattr(events, "RELAY_AUTOSTART", True)
     monkeypatch.setattr(events, "RELAY_INTERVAL", 0.05)
     fragment = '<section id="live-runs">run 12 from the worker</section>'
+    used = _spy_on_fetch(monkeypatch)
 
     @async_to_sync
     async def scenario():
@@ -470,6 +513,12 @@ def test_the_first_websocket_starts_the_relay_task_which_delivers_by_itself(work
         return received
 
     assert scenario() == fragment
+    # The scenario's end cancelled the relay task, which handed back its thread's connection
+    # (polls also ran while the communicator received, with channels' clean-up off).
+    events._relay.thread.shutdown(wait=True)
+    assert used
+    if used[-1].vendor == "postgresql":  # SQLite's test database is in memory: never closed
+        assert used[-1].connection is None
 
 
 def test_the_context_processor_gives_the_queue_counts_of_the_page_only_when_used(
