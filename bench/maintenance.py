@@ -4,11 +4,15 @@
         [--postgres-url postgres://postgres@127.0.0.1:5432/bench_maintenance]
         [--sqlite-path var/bench-maintenance.sqlite3] [--label after] [--out bench/reports/maintenance.md]
 
-Data: ``bench/datagen.py`` makes sure the *seed* database holds workspace ``bench-<N>`` with N
-generated entries (the first run generates them; later runs reuse them). Every measured N then
-starts from a fresh copy of the seed — PostgreSQL: ``CREATE DATABASE <seed>_work TEMPLATE
-<seed>``; SQLite: an online copy of the file — so a run, its revert and its restore never
-change the seed, and every rerun maintains the same rows. The seed's hygiene verdicts are made
+Data: ``bench/datagen.py`` makes sure the *seed* database of N holds workspace ``bench-<N>``
+with N generated entries (the first run generates them; later runs reuse them). Each N has a
+seed database of its own (``<name>_<N>`` for ``--postgres-url``'s ``<name>``,
+``<stem>-<N>.sqlite3`` for ``--sqlite-path``), so a smaller workspace never shares the tables,
+and the timings, of a larger one (generated beside a million entries, 100,000 more once took
+over ten minutes to score). Every measured N then starts from a fresh copy of its seed —
+PostgreSQL: ``CREATE DATABASE <seed>_work TEMPLATE <seed>``; SQLite: an online copy of the
+file — so a run, its revert and its restore never change the seed, and every rerun maintains
+the same rows. The seed's hygiene verdicts are made
 once (``maintenance.tasks.assess_hygiene_verdicts``, what the worker's schedule does for new
 entries), since the generated rows reach the database past every door of the product.
 
@@ -42,6 +46,10 @@ Each pass of the dry and real runs is timed (the passes are wrapped where ``runs
 hands them out), with the rows it reported and its statements; the plan's passes and the
 apply's are shown apart. On PostgreSQL the dead rows of ``memory_entry`` after the run are
 read from ``pg_stat_user_tables``.
+
+When one invocation measures both 100,000 and 1,000,000 entries on a database, the
+1,000,000-entry section also gives the cost ratio between them (the real run without its
+backup, and the dry run), against the target of ≤ 11×.
 
 The report keeps one section per (label, database, N): a run replaces only the sections it
 measured, so a ``--label before`` baseline stays beside ``--label after``. Text outside the
@@ -582,18 +590,26 @@ class Target:
     def __init__(self, vendor: str, args: argparse.Namespace) -> None:
         self.vendor = vendor
         if vendor == "postgres":
-            self.seed_url = args.postgres_url
             base, _, name = args.postgres_url.rpartition("/")
-            self.seed_name, self.work_name = name, args.work_name or f"{name}_work"
+            self.base, self.name = base, name
+            self.work_name = args.work_name or f"{name}_work"
             self.work_url = f"{base}/{self.work_name}"
             self.admin_url = f"{base}/postgres"
         else:
             path = Path(args.sqlite_path)
-            self.seed_path = path if path.is_absolute() else ROOT / path
-            self.work_path = self.seed_path.with_name(self.seed_path.stem + "-work.sqlite3")
-            self.seed_url = f"sqlite:///{self.seed_path}"
+            self.path = path if path.is_absolute() else ROOT / path
+            self.work_path = self.path.with_name(self.path.stem + "-work.sqlite3")
             self.work_url = f"sqlite:///{self.work_path}"
         self.backup_dir = ROOT / "var" / f"bench-maintenance-backups-{vendor}"
+
+    def size(self, n: int) -> None:
+        """The seed of N entries: a database (file) of its own per N."""
+        if self.vendor == "postgres":
+            self.seed_name = f"{self.name}_{n}"
+            self.seed_url = f"{self.base}/{self.seed_name}"
+        else:
+            self.seed_path = self.path.with_name(f"{self.path.stem}-{n}{self.path.suffix}")
+            self.seed_url = f"sqlite:///{self.seed_path}"
 
     def ensure_database(self) -> None:
         if self.vendor != "postgres":
@@ -782,6 +798,8 @@ def seed(target: Target, n: int, seed_value: int) -> None:
 
 def measure(target: Target, n: int, args: argparse.Namespace) -> dict[str, Any]:
     slug = f"bench-{n}"
+    target.size(n)
+    target.ensure_database()
     seed(target, n, args.seed)
     verdicts = run_child(target, "verdicts", slug, timeout=args.timeout, url=target.seed_url)
     log(f"{target.vendor} N={n:,}: hygiene verdicts of the seed made in {verdicts.get('seconds', 0):.1f} s")
@@ -881,8 +899,37 @@ def _verdict(ok: bool, text: str) -> str:
     return f"{text}: **{'met' if ok else 'not met'}**"
 
 
+def real_without_backup(m: dict[str, Any]) -> float:
+    """The real run's wall time without its pre-prune backup (NaN when it did not finish)."""
+    real = m.get("real", {})
+    return real.get("seconds", float("nan")) - (real.get("backup") or {}).get("seconds", 0.0)
+
+
+def cost_ratio(smaller: dict[str, Any] | None, m: dict[str, Any]) -> tuple[float, float] | None:
+    """How many times the 100,000-entry runs (``smaller``, of the same invocation) the
+    1,000,000-entry runs cost: the real run without its backup, and the dry run. None when
+    either was not measured (or did not finish)."""
+    if not smaller or smaller.get("n") != 100_000 or m.get("n") != 1_000_000:
+        return None
+    real = real_without_backup(m) / real_without_backup(smaller)
+    dry = m.get("dry", {}).get("seconds", float("nan")) / smaller.get("dry", {}).get("seconds", float("nan"))
+    return None if real != real or dry != dry else (real, dry)
+
+
+def smaller_of(n: int, measured: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The 100,000-entry measurement of this invocation when ``n`` is 1,000,000 (the cost
+    ratio's other end), else None."""
+    return measured.get(100_000) if n == 1_000_000 else None
+
+
 def render_section(
-    label: str, vendor: str, facts: dict[str, Any], m: dict[str, Any], command: str, machine: str
+    label: str,
+    vendor: str,
+    facts: dict[str, Any],
+    m: dict[str, Any],
+    command: str,
+    machine: str,
+    smaller: dict[str, Any] | None = None,
 ) -> str:
     n = m["n"]
     title = "PostgreSQL" if vendor == "postgres" else "SQLite"
@@ -905,7 +952,7 @@ def render_section(
     dry, real = m.get("dry", {}), m.get("real", {})
     floor = m.get("floor", {})
     backup = real.get("backup") or {}
-    real_wo_backup = real.get("seconds", float("nan")) - backup.get("seconds", 0.0)
+    real_wo_backup = real_without_backup(m)
     if m.get("forced"):
         lines.append(
             "- the dry run reported that the circuit breaker trips on the generated data: the real run "
@@ -1095,6 +1142,20 @@ def render_section(
             )
         if "seconds" in dry and dry["seconds"] == dry["seconds"]:
             verdicts.append(_verdict(dry["seconds"] <= t["dry_s"], f"dry run ≤ {t['dry_s']:g} s"))
+        ratio = cost_ratio(smaller, m)
+        if ratio:
+            verdicts.append(
+                _verdict(
+                    ratio[0] <= t["ratio"],
+                    f"100k → 1M cost ≤ {t['ratio']:g}× (real run without its backup {ratio[0]:.1f}×, "
+                    f"dry run {ratio[1]:.1f}×, against the 100,000-entry section of this invocation)",
+                )
+            )
+        else:
+            verdicts.append(
+                f"100k → 1M cost ≤ {t['ratio']:g}×: not measured here (it needs `--sizes 100000,1000000` "
+                "in one invocation)"
+            )
         rss = max(
             m.get(k, {}).get("rss_mb", 0)
             for k in ("dry", "real", "again", "revert", "backup", "restore", "reads")
@@ -1241,13 +1302,14 @@ def main() -> int:
         if vendor not in DEFAULT_SIZES:
             parser.error(f"--databases: unknown {vendor!r}")
         target = Target(vendor, args)
-        target.ensure_database()
         version = database_version(target)
+        measured: dict[int, dict[str, Any]] = {}
         for n in (int(x) for x in (args.sizes or DEFAULT_SIZES[vendor]).split(",")):
             started = datetime.now(UTC)
-            m = measure(target, n, args)
+            m = measured[n] = measure(target, n, args)
             facts = {"started": started, "finished": datetime.now(UTC), "database": version}
-            command = f".venv/bin/python bench/maintenance.py --databases {vendor} --sizes {n}"
+            sizes = args.sizes if args.sizes and smaller_of(n, measured) else str(n)
+            command = f".venv/bin/python bench/maintenance.py --databases {vendor} --sizes {sizes}"
             if vendor == "postgres" and args.postgres_url != DEFAULT_PG:
                 command += " --postgres-url " + shlex.quote(args.postgres_url)
             if vendor == "sqlite" and args.sqlite_path != DEFAULT_SQLITE:
@@ -1262,7 +1324,9 @@ def main() -> int:
                 command += " --reads-only"
             if args.api_load:
                 command += " --api-load"
-            section = render_section(args.label, vendor, facts, m, command, machine)
+            section = render_section(
+                args.label, vendor, facts, m, command, machine, smaller=smaller_of(n, measured)
+            )
             sections[f"{args.label}:{vendor}:{n}"] = section
             write_report(Path(args.out), {f"{args.label}:{vendor}:{n}": section})
             print(section, flush=True)
