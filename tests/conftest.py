@@ -3,6 +3,7 @@ import os
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,31 +15,57 @@ from memory import accounts
 from memory.models import Workspace
 
 # The longest modules first (per --durations on 2026-12-06: the state machine about 2 minutes,
-# the API fuzz 1.5, the stop and run-safety tests' real processes about a minute each).
+# the API fuzz 1.5, the stop and run-safety tests' real processes about a minute each; the
+# hosted test, PostgreSQL only, about a minute).
 # pytest-xdist hands tests out in collection order, so a long test collected late can run
-# alone at the end while the other worker has nothing left (the SQLite half once spent the
-# last 3 % of its tests in 4 of its 9.5 minutes, on a loaded machine). No gain is measured
-# on a quiet machine: the order only bounds the worst case.
+# alone at the end while the other worker has nothing left. pytest-django then groups the tests
+# as Django does (plain database tests, then transactional ones, then those that use no test
+# database), so the order below holds within each group, and the long tests of the last group
+# (real processes on databases of their own) are moved to the very front after it: on a slow
+# machine (2026-12-07) the PostgreSQL pass spent its last 2–3 minutes on one worker, running
+# the run-safety kill test (a minute) and the stop tests collected last.
 LONG_FIRST = (
     "tests/test_lifecycle_stateful.py",
     "tests/test_api_fuzz.py",
-    "tests/test_stops.py",
     "tests/test_run_safety.py",
+    "tests/test_hosted.py",
+    "tests/test_stops.py",
     "tests/test_queued_runs.py",
     "tests/test_commands_proposals.py",
     "tests/test_backup_across_databases.py",
     "tests/test_serve.py",
     "tests/test_mcp.py",
 )
+# What makes pytest-django count a test as one that uses the test database.
+_DATABASE_FIXTURES = (
+    "db",
+    "transactional_db",
+    "live_server",
+    "django_db_reset_sequences",
+    "django_db_serialized_rollback",
+)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Before pytest-django's own (stable) sort, which groups the tests as Django does (plain
-    # database tests, then transactional ones, then the rest): the order here holds within
-    # each group, and no transactional test's flush moves ahead of a plain one.
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def _uses_test_database(item: pytest.Item) -> bool:
+    names = getattr(item, "fixturenames", ())
+    marked = item.get_closest_marker("django_db") is not None
+    return marked or any(name in names for name in _DATABASE_FIXTURES)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
+    # Before pytest-django's own (stable) sort: the order holds within each of its groups, and
+    # no transactional test's flush moves ahead of a plain one.
     rank = {path: i for i, path in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable
+    items.sort(key=lambda item: rank.get(_module(item), len(rank)))  # stable
+    yield
+    # After it: the long tests that touch no test database go first (stable again). They start
+    # their own processes on databases of their own, so no database test depends on their order.
+    items.sort(key=lambda item: 0 if _module(item) in rank and not _uses_test_database(item) else 1)
 
 
 @pytest.fixture(scope="session")

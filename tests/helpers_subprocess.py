@@ -77,8 +77,9 @@ def subprocess_env(database_url: str, backup_dir: Path) -> dict[str, str]:
     return env
 
 
-def postgres_database(name: str) -> tuple[str, Callable[[], None]]:
-    """Create database ``name`` on the suite's PostgreSQL server; its URL and a dropper."""
+def postgres_database(name: str, *, template: str | None = None) -> tuple[str, Callable[[], None]]:
+    """Create database ``name`` on the suite's PostgreSQL server (a copy of ``template`` when
+    given); its URL and a dropper."""
     import psycopg
     from django.db import connection
     from psycopg import sql
@@ -92,7 +93,10 @@ def postgres_database(name: str) -> tuple[str, Callable[[], None]]:
     }
     params = {k: v for k, v in params.items() if v}
     with psycopg.connect(dbname="postgres", autocommit=True, **params) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            create = sql.SQL("{} TEMPLATE {}").format(create, sql.Identifier(template))
+        admin.execute(create)
 
     def drop() -> None:
         with psycopg.connect(dbname="postgres", autocommit=True, **params) as admin:
@@ -102,6 +106,65 @@ def postgres_database(name: str) -> tuple[str, Callable[[], None]]:
     host = conf["HOST"] or "localhost"
     port = f":{conf['PORT']}" if conf["PORT"] else ""
     return f"postgres://{auth}{host}{port}/{name}", drop
+
+
+# This test process's migrated templates: a SQLite file, a PostgreSQL database's name.
+_TEMPLATES: dict[str, str] = {}
+
+
+def migrated_sqlite(path: Path) -> str:
+    """A migrated SQLite file at ``path`` that other processes can reach; its URL. A copy of
+    one file this test process migrated once: ``manage.py migrate`` costs several seconds of
+    CPU, and a dozen modules each needed a database of their own."""
+    import atexit
+    import shutil
+    import sqlite3
+    import tempfile
+
+    if "sqlite" not in _TEMPLATES:
+        folder = Path(tempfile.mkdtemp(prefix="ms-template-"))
+        template = folder / "db.sqlite3"
+        atexit.register(shutil.rmtree, folder, True)
+        env = subprocess_env(f"sqlite:///{template}", folder / "backups")
+        manage(["migrate", "--noinput", "-v", "0"], env, timeout=300)
+        _TEMPLATES["sqlite"] = str(template)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    source, copy = sqlite3.connect(_TEMPLATES["sqlite"]), sqlite3.connect(path)
+    try:
+        source.backup(copy)
+    finally:
+        source.close()
+        copy.close()
+    return f"sqlite:///{path}"
+
+
+def migrated_postgres(name: str) -> tuple[str, Callable[[], None]]:
+    """A migrated database ``name`` on the suite's PostgreSQL server; its URL and a dropper. A
+    copy (``CREATE DATABASE … TEMPLATE``) of one database this test process migrated once."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if "postgresql" not in _TEMPLATES:
+        template = f"ms_template_{os.getpid()}_{random.getrandbits(32):08x}"
+        url, drop = postgres_database(template)
+        atexit.register(drop)
+        folder = Path(tempfile.mkdtemp(prefix="ms-template-"))
+        atexit.register(shutil.rmtree, folder, True)
+        manage(["migrate", "--noinput", "-v", "0"], subprocess_env(url, folder), timeout=300)
+        _TEMPLATES["postgresql"] = template
+    return postgres_database(name, template=_TEMPLATES["postgresql"])
+
+
+def migrated_database(name: str, folder: Path) -> tuple[str, Callable[[], None] | None]:
+    """A migrated database of the suite's kind other processes can reach (pytest's own is not
+    shared): on PostgreSQL database ``name`` on the suite's server, with its dropper; else
+    ``folder``/db.sqlite3, with None."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        return migrated_postgres(name)
+    return migrated_sqlite(folder / "db.sqlite3"), None
 
 
 def manage(args: Sequence[str], env: Mapping[str, str], *, timeout: float = 120) -> str:

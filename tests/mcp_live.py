@@ -108,17 +108,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextmanager
 def _database(tmp: Path) -> Iterator[str]:
-    """A database of the server's own: on PostgreSQL when the suite runs there."""
-    if os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        from tests.helpers_subprocess import postgres_database
+    """A migrated database of the server's own: on PostgreSQL when the suite runs there."""
+    from tests.helpers_subprocess import migrated_postgres, migrated_sqlite
 
-        url, drop = postgres_database(f"mcp_{secrets.token_hex(4)}")
+    if os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        url, drop = migrated_postgres(f"mcp_{secrets.token_hex(4)}")
         try:
             yield url
         finally:
             drop()
     else:
-        yield f"sqlite:///{tmp / 'db.sqlite3'}"
+        yield migrated_sqlite(tmp / "db.sqlite3")
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from maintenance import backup_files, restore
 from maintenance.models import MaintenanceRun
 from maintenance.revert import revert_run
 from memory.models import Entry, LifecycleEvent, Tombstone, Workspace
-from tests.helpers_subprocess import dump_workspace, helper, manage, subprocess_env
+from tests.helpers_subprocess import dump_workspace, helper, manage, migrated_sqlite, subprocess_env
 
 pytestmark = pytest.mark.django_db
 NOW = "2026-06-01T00:00:00+00:00"
@@ -26,10 +26,9 @@ def sqlite_backup(tmp_path):
     """A workspace seeded and maintained on a SQLite file in other processes, then backed up
     there into the shared storage: (the backup's name there, every row as SQLite had it, the
     run's id)."""
-    env = subprocess_env(f"sqlite:///{tmp_path / 'source.sqlite3'}", tmp_path / "machine-a-backups")
+    env = subprocess_env(migrated_sqlite(tmp_path / "source.sqlite3"), tmp_path / "machine-a-backups")
     env["BACKUP_STORAGE_BACKEND"] = "django.core.files.storage.FileSystemStorage"
     env["BACKUP_STORAGE_OPTIONS"] = json.dumps({"location": str(tmp_path / SHARED)})
-    manage(["migrate", "--noinput", "-v", "0"], env, timeout=300)
     helper(["seed", "--workspace", "w", "--entries", "120", "--now", NOW, "--review-mode", "apply"], env)
     run = json.loads(
         helper(["run", "--workspace", "w", "--now", NOW, "--batch-size", "20"], env).splitlines()[-1]

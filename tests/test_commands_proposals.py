@@ -374,12 +374,10 @@ def test_release_refuses_what_it_cannot_release(propose_workspace, workspace, no
 @pytest.fixture(scope="module")
 def process_env(tmp_path_factory):
     """A migrated SQLite file other processes can reach (pytest's database is in memory)."""
-    from tests.helpers_subprocess import manage, subprocess_env
+    from tests.helpers_subprocess import migrated_sqlite, subprocess_env
 
     folder: Path = tmp_path_factory.mktemp("proposals_cli")
-    env = subprocess_env(f"sqlite:///{folder / 'db.sqlite3'}", folder / "backups")
-    manage(["migrate", "--noinput", "-v", "0"], env, timeout=300)
-    return env
+    return subprocess_env(migrated_sqlite(folder / "db.sqlite3"), folder / "backups")
 
 
 def test_the_command_line_lists_approves_and_refuses_in_a_real_process(process_env):

@@ -63,8 +63,7 @@ from tests.helpers_subprocess import (
     free_port,
     helper,
     kill_tree,
-    manage,
-    postgres_database,
+    migrated_postgres,
     stop_tree,
     subprocess_env,
     wait_for,
@@ -267,7 +266,7 @@ def hosted(tmp_path_factory, django_db_blocker) -> Iterator[Hosted]:
     if parts.hostname not in ("127.0.0.1", "localhost"):
         pytest.skip("the hosted test relays a Redis on this machine's loopback only")
     logs = tmp_path_factory.mktemp("hosted")
-    url, drop = postgres_database(f"ms_hosted_{uuid.uuid4().hex[:12]}")
+    url, drop = migrated_postgres(f"ms_hosted_{uuid.uuid4().hex[:12]}")
     assert "@127.0.0.1:" in url or "//127.0.0.1:" in url or "localhost" in url, url
     url = url.replace("localhost", "127.0.0.1")
     env = subprocess_env(url, logs / "backups")
@@ -280,7 +279,6 @@ def hosted(tmp_path_factory, django_db_blocker) -> Iterator[Hosted]:
         LOG_LEVEL="INFO",
     )
     try:
-        manage(["migrate", "--noinput", "-v", "0"], env, timeout=300)
         with network([_port(url, 5432), _port(REDIS_URL, 6379)]) as (places, how):
             addresses = sorted({p.address for p in places.values()} | {"127.0.0.1"})
             env["ALLOWED_HOSTS"] = ",".join(addresses)

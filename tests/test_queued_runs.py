@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
@@ -42,8 +41,7 @@ from tests.helpers_subprocess import (
     free_port,
     helper,
     kill_tree,
-    manage,
-    postgres_database,
+    migrated_database,
     stop_tree,
     subprocess_env,
     wait_for,
@@ -304,15 +302,10 @@ WAIT = 120  # seconds a wait below may take before the test gives up (never reac
 def worker_db(tmp_path_factory, django_db_blocker) -> Iterator[dict[str, str]]:
     """A migrated database of its own with one seeded workspace: the environment of the server."""
     folder = tmp_path_factory.mktemp("queued")
-    drop: Callable[[], None] | None = None
-    if connection.vendor == "postgresql":
-        url, drop = postgres_database(f"ms_queued_{uuid.uuid4().hex[:12]}")
-    else:
-        url = f"sqlite:///{folder / 'db.sqlite3'}"
+    url, drop = migrated_database(f"ms_queued_{uuid.uuid4().hex[:12]}", folder)
     env = subprocess_env(url, folder / "backups")
     env.update(Q_WORKERS="1", LOG_LEVEL="INFO")
     try:
-        manage(["migrate", "--noinput", "-v", "0"], env, timeout=300)
         args = ["seed", "--workspace", "w", "--entries", "120", "--now", timezone.now().isoformat()]
         helper([*args, "--review-mode", "apply"], env)
         yield env

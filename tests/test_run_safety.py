@@ -32,8 +32,7 @@ from maintenance.models import MaintenanceLease, MaintenanceRun
 from memory.models import Entry, LifecycleEvent, Tombstone
 from tests.helpers_subprocess import (
     helper,
-    manage,
-    postgres_database,
+    migrated_database,
     start_helper,
     start_manage,
     subprocess_env,
@@ -68,14 +67,9 @@ COUNT_OF = {
 def safety_db(tmp_path_factory, django_db_blocker) -> Iterator[dict[str, str]]:
     """A migrated database other processes can reach, registered here as ALIAS."""
     folder = tmp_path_factory.mktemp("run_safety")
-    drop: Callable[[], None] | None = None
-    if connection.vendor == "postgresql":
-        url, drop = postgres_database(f"ms_safety_{uuid.uuid4().hex[:12]}")
-    else:
-        url = f"sqlite:///{folder / 'db.sqlite3'}"
+    url, drop = migrated_database(f"ms_safety_{uuid.uuid4().hex[:12]}", folder)
     env = subprocess_env(url, folder / "backups")
     try:
-        manage(["migrate", "--noinput", "-v", "0"], env, timeout=300)
         cfg = dj_database_url.parse(url)
         if cfg["ENGINE"].endswith("sqlite3"):
             cfg["OPTIONS"] = {"timeout": 20}

@@ -20,6 +20,8 @@ import pytest
 import websockets
 import websockets.exceptions
 
+from tests.helpers_subprocess import migrated_sqlite
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -32,8 +34,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     db = tmp_path_factory.mktemp("serve") / "db.sqlite3"
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}", "BACKUP_DIR": str(db.parent / "backups")}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    env = {**os.environ, "DATABASE_URL": migrated_sqlite(db), "BACKUP_DIR": str(db.parent / "backups")}
     demo = subprocess.run(
         [sys.executable, "manage.py", "setup_demo"],
         cwd=ROOT,

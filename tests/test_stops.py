@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,8 +27,7 @@ from tests.helpers_subprocess import (
     free_port,
     helper,
     kill_tree,
-    manage,
-    postgres_database,
+    migrated_database,
     start_helper,
     stop_tree,
     subprocess_env,
@@ -45,11 +44,7 @@ def stops_db(tmp_path_factory, django_db_blocker) -> Iterator[dict[str, str]]:
     """A migrated database other processes can reach, with one seeded workspace, registered
     here as ALIAS; the environment of the processes under test."""
     folder = tmp_path_factory.mktemp("stops")
-    drop: Callable[[], None] | None = None
-    if connection.vendor == "postgresql":
-        url, drop = postgres_database(f"ms_stops_{uuid.uuid4().hex[:12]}")
-    else:
-        url = f"sqlite:///{folder / 'db.sqlite3'}"
+    url, drop = migrated_database(f"ms_stops_{uuid.uuid4().hex[:12]}", folder)
     env = subprocess_env(url, folder / "backups")
     env.update(Q_WORKERS="2", LOG_LEVEL="INFO")
     # A browser test earlier on the same xdist worker leaves Playwright's event loop registered
@@ -58,7 +53,6 @@ def stops_db(tmp_path_factory, django_db_blocker) -> Iterator[dict[str, str]]:
     unsafe = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "1"
     try:
-        manage(["migrate", "--noinput", "-v", "0"], env, timeout=300)
         helper(
             [
                 "seed",

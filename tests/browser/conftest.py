@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers_subprocess import free_port
+from tests.helpers_subprocess import free_port, migrated_sqlite
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
@@ -127,7 +127,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.update(
-        DATABASE_URL=f"sqlite:///{tmp / 'db.sqlite3'}",
+        DATABASE_URL=migrated_sqlite(tmp / "db.sqlite3"),
         BACKUP_DIR=str(tmp / "backups"),
         DJANGO_DEBUG="1",
         ALLOWED_HOSTS="127.0.0.1,localhost",
@@ -137,7 +137,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     )
     env.pop("REDIS_URL", None)  # the embedded mode: the worker reaches the page through the outbox
     password = secrets.token_urlsafe(12)
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
     seeded = subprocess.run(
         # "--password=…" in one argument: a random password may start with "-", which argparse
         # would take for an option of its own.
