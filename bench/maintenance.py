@@ -1308,7 +1308,7 @@ def main() -> int:
             started = datetime.now(UTC)
             m = measured[n] = measure(target, n, args)
             facts = {"started": started, "finished": datetime.now(UTC), "database": version}
-            sizes = args.sizes if args.sizes and smaller_of(n, measured) else str(n)
+            sizes = (args.sizes or DEFAULT_SIZES[vendor]) if smaller_of(n, measured) else str(n)
             command = f".venv/bin/python bench/maintenance.py --databases {vendor} --sizes {sizes}"
             if vendor == "postgres" and args.postgres_url != DEFAULT_PG:
                 command += " --postgres-url " + shlex.quote(args.postgres_url)

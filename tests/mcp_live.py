@@ -109,16 +109,14 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 @contextmanager
 def _database(tmp: Path) -> Iterator[str]:
     """A migrated database of the server's own: on PostgreSQL when the suite runs there."""
-    from tests.helpers_subprocess import migrated_postgres, migrated_sqlite
+    from tests.helpers_subprocess import migrated_database
 
-    if os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        url, drop = migrated_postgres(f"mcp_{secrets.token_hex(4)}")
-        try:
-            yield url
-        finally:
+    url, drop = migrated_database(f"mcp_{secrets.token_hex(4)}", tmp)
+    try:
+        yield url
+    finally:
+        if drop is not None:
             drop()
-    else:
-        yield migrated_sqlite(tmp / "db.sqlite3")
 
 
 @contextmanager
