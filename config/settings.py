@@ -197,6 +197,8 @@ if DEBUG:
 
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/console/"
+# Logging out leads back to the console's login page, not to the admin's "Logged out" page.
+LOGOUT_REDIRECT_URL = LOGIN_URL
 
 # --- Live updates ---------------------------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")

@@ -392,6 +392,9 @@ def approve_proposals(request: HttpRequest, console: Console) -> HttpResponse:
     applied, skipped = result["applied"], result["skipped"]
     noun = "change" if len(applied) == 1 else "changes"
     text = f"Approved {len(applied)} {noun}" + (f" ({_ids_text(applied)})." if applied else ".")
+    if result.get("backup_file"):
+        # The approval is no run: the backup it wrote first is named here (and in Admin → Backups).
+        text += f" A pre-prune backup was written first: {result['backup_file']}."
     text += _skipped_text(skipped, bad)
     level = messages.SUCCESS if applied else messages.WARNING
     handled = [*applied, *(s["id"] for s in skipped)]
@@ -411,7 +414,11 @@ def reject_proposals(request: HttpRequest, console: Console) -> HttpResponse:
     rejected, skipped = result["rejected"], result["skipped"]
     noun = "change" if len(rejected) == 1 else "changes"
     text = f"Rejected {len(rejected)} {noun}" + (f" ({_ids_text(rejected)})" if rejected else "")
-    text += "; the entries are held: automation leaves them alone until released." if rejected else "."
+    if rejected:
+        held = "the entry is held" if len(rejected) == 1 else "the entries are held"
+        text += f"; {held}: automation leaves {'it' if len(rejected) == 1 else 'them'} alone until released."
+    else:
+        text += "."
     text += _skipped_text(skipped, bad)
     level = messages.SUCCESS if rejected else messages.WARNING
     handled = [*rejected, *(s["id"] for s in skipped)]

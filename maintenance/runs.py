@@ -246,16 +246,17 @@ def _plan(
     keep_alive: Callable[[], bool] | None = None,
     recorder: Progress | None = None,
     counts_orphans: Callable[[Outcome], bool] | None = None,
+    skip: tuple[str, ...] = (),
 ) -> Outcome:
-    """Every pass inside one transaction that is rolled back. Lease renewals inside it would be
-    rolled back too (or, on SQLite, land in the plan's copy of the database), so they are
-    skipped and the lease is renewed once the plan is over: a lease lost meanwhile is noticed before
-    anything is applied; ``keep_alive`` renews it meanwhile from a connection of its own
-    (``lease.keep_alive``: PostgreSQL, and SQLite where the plan runs on a copy of the database,
-    ``plan_snapshot``), so a plan longer than the lease's TTL keeps it. The score
-    pass writes the plan's scores into a temporary narrow table rather than into every entry's
-    row (``scoring_db.plan_scores``). ``counts_orphans``: whether the plan counts orphans
-    (``_plan_counts_orphans``)."""
+    """Every pass (but those in ``skip``) inside one transaction that is rolled back. Lease
+    renewals inside it would be rolled back too (or, on SQLite, land in the plan's copy of the
+    database), so they are skipped and the lease is renewed once the plan is over: a lease lost
+    meanwhile is noticed before anything is applied; ``keep_alive`` renews it meanwhile from a
+    connection of its own (``lease.keep_alive``: PostgreSQL, and SQLite where the plan runs on a
+    copy of the database, ``plan_snapshot``), so a plan longer than the lease's TTL keeps it.
+    The score pass writes the plan's scores into a temporary narrow table rather than into every
+    entry's row (``scoring_db.plan_scores``). ``counts_orphans``: whether the plan counts
+    orphans (``_plan_counts_orphans``)."""
     outcome: Outcome | None = None
 
     def renew() -> bool:
@@ -276,7 +277,9 @@ def _plan(
                 statuses,
                 verdicts.kept(),
             ):
-                outcome = _execute(planning, kind, None, recorder=recorder, counts_orphans=counts_orphans)
+                outcome = _execute(
+                    planning, kind, None, skip=skip, recorder=recorder, counts_orphans=counts_orphans
+                )
                 scoring_db.drop_plan_scores()
                 raise _Rollback
         except _Rollback:
@@ -416,8 +419,10 @@ def execute_run(
         # On SQLite the plan reads a copy of the database (``plan_snapshot``): the lease can
         # be renewed beside it as beside any reading phase.
         keep_alive = lease.keep_alive(workspace, holder=holder, reading=plan_snapshot.possible())
-        if not dry_run and not plan_snapshot.possible() and any(key == "scored" for key, _ in steps(kind)):
-            # The plan and the apply score the same entries at the same ``now``: computed once.
+        twice = not dry_run or policy.proposes  # a propose-mode dry run may plan twice (below)
+        if twice and not plan_snapshot.possible() and any(key == "scored" for key, _ in steps(kind)):
+            # The plan and the apply (or a propose-mode dry run's two plans) score the same
+            # entries at the same ``now``: computed once.
             scratch.enter_context(
                 scoring_db.scores_once(
                     workspace,
@@ -449,8 +454,12 @@ def execute_run(
             )
         if dry_run:
             if proposing:
-                plan.proposed = True
-                return finish_run(run, RunStatus.PROPOSED, plan, extra={"breaker": breaker})
+                # What the real run would report: the proposals as the plan made them, and what
+                # every other pass does with the proposals NOT applied (the plan above applied
+                # them: its orphans, links and purges are not the real run's), planned again
+                # without the proposing passes, as the real run applies it below.
+                rest = _plan(ctx, kind, keep_alive, recorder, counts_orphans, skip=PROPOSING)
+                return finish_run(run, RunStatus.PROPOSED, _proposed(plan, rest), extra={"breaker": breaker})
             return finish_run(run, RunStatus.SUCCEEDED, plan)
         backup_made = False
 

@@ -46,6 +46,16 @@ def test_an_anonymous_visitor_is_sent_to_login(client):
     assert "next=/console/" in response["Location"]
 
 
+def test_logging_out_leads_back_to_the_console_login_not_the_admin(client):
+    client.force_login(member_of(username="leo"))
+    response = client.post("/accounts/logout/")
+    assert response.status_code == 302
+    assert response["Location"] == "/accounts/login/"
+    page = client.get(response["Location"])
+    assert page.status_code == 200 and b"Logged out" not in page.content
+    assert client.get(URL).status_code == 302  # and the session is gone
+
+
 def test_the_site_root_leads_to_the_console(client):
     response = client.get("/")
 

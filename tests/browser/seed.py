@@ -279,7 +279,7 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
     agent, _ = accounts.api_key_create(
         workspace=ws, name="claude-code-agent-payments-platform-reconciliation", role="operator"
     )
-    run_maintenance(workspace=ws, trigger="api", actor=accounts.actor_for_key(agent))
+    proposing = run_maintenance(workspace=ws, trigger="api", actor=accounts.actor_for_key(agent))
     for name, role in (
         ("ci-pipeline-nightly-ledger-export-to-data-warehouse", "agent"),
         ("grafana-dashboard-readonly-observability", "viewer"),
@@ -287,7 +287,11 @@ def layout(workspace: Any, now: Any) -> dict[str, Any]:
         accounts.api_key_create(workspace=ws, name=name, role=role, actor="user:steward")
     revoked, _ = accounts.api_key_create(workspace=ws, name="old-laptop-cli-2023", role="agent")
     accounts.api_key_revoke(workspace=ws, key_id=revoked.pk)
-    return {"layout_entry": entry.pk, "layout_run": first["run_id"]}
+    return {
+        "layout_entry": entry.pk,
+        "layout_run": first["run_id"],
+        "layout_proposed_run": proposing["run_id"],
+    }
 
 
 def main() -> None:

@@ -42,6 +42,8 @@ def console_pages(server) -> dict[str, str]:
         "review-disputes": f"{ws}/review/?tab=disputes",
         "runs": f"{ws}/runs/",
         "run": f"{ws}/runs/{server.seed['layout_run']}/",
+        # Its Changes table has a "proposed" badge beside each proposing pass's count.
+        "proposed run": f"{ws}/runs/{server.seed['layout_proposed_run']}/",
         "entries": f"{ws}/entries/",
         "entry": f"{ws}/entries/{server.seed['layout_entry']}/",
         "settings": f"{ws}/settings/",
