@@ -218,7 +218,7 @@ def test_restoring_a_tombstone_from_the_queue(page, server):
     wait_live(page)
     row = page.locator(f"#tomb-row-{entry_id}")
     expect(row).to_contain_text("manual")
-    expect(row.locator(".countdown")).to_contain_text("purged in")
+    expect(row.locator(".countdown")).to_contain_text("purge in")
     shot(page, "review-tombstones")
     _mark(page)
 
