@@ -30,7 +30,8 @@ from maintenance import backups, compaction, hygiene_actions, lease, passes
 from maintenance.models import MaintenanceRun, Proposal, ProposalAction, ProposalStatus, RunKind
 from maintenance.pass_tools import PassResult, RunContext
 from maintenance.run_results import PRUNE_PARAMS, Outcome, effective_policy, live_count, tombstones_trip
-from memory import holds, lifecycle
+from memory import holds, lifecycle, rawsql
+from memory.bulk_insert import chunks
 from memory.errors import Conflict, InvalidInput
 from memory.models import Entry, LifecycleEvent, Workspace
 from memory.models.choices import ID_MAX, MANAGED_SOURCES, HoldReason, Status, Tier
@@ -232,7 +233,12 @@ def record(
                         **fields,
                     )
                 )
-        Proposal.objects.bulk_update(moved, ["run", "reason", "values", "why"], batch_size=CHUNK)
+        for part in chunks(moved, CHUNK):
+            rawsql.update_rows(
+                Proposal,
+                ["run", "reason", "values", "why"],
+                [(p.pk, run.pk, p.reason, p.values, p.why) for p in part],
+            )
         Proposal.objects.bulk_create(new, batch_size=CHUNK)
     lifecycle.announce(workspace.pk)
     return len(moved) + len(new) + standing

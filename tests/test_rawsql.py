@@ -85,3 +85,50 @@ def test_any_of_exists_only_for_integer_columns_and_relations():
     with pytest.raises(FieldError):
         Entry.objects.filter(title__any_of=[1])
     assert list(Entry.objects.filter(supersedes__any_of=[10**12])) == []
+
+
+@pytest.mark.django_db
+def test_update_rows_writes_each_rows_values_in_one_statement_as_the_orm_would(propose_workspace):
+    from django.db import DataError, transaction
+
+    from maintenance.models import MaintenanceRun, Proposal
+
+    entries = [new_entries.entry_create(workspace=propose_workspace, content=f"note {i}") for i in range(3)]
+    first, second = (
+        MaintenanceRun.objects.create(workspace=propose_workspace, kind="full") for _ in range(2)
+    )
+    rows = [
+        Proposal.objects.create(
+            workspace=propose_workspace,
+            run=first,
+            entry=e,
+            entry_ref=e.pk,
+            action="tombstone",
+            reason="evicted",
+        )
+        for e in entries
+    ]
+    values = [{"retention": 0.125, "nested": {"a": [1, 2]}}, {"why": 'it\'s "quoted" — ünïcode'}, {}]
+
+    with CaptureQueriesContext(connection) as queries:
+        n = rawsql.update_rows(
+            Proposal,
+            ["run", "reason", "values", "why"],
+            [
+                (rows[0].pk, second.pk, "pruned", values[0], "why 0"),
+                (rows[1].pk, second.pk, "pruned", values[1], "why 1"),
+                (rows[2].pk, second.pk, "expired", values[2], ""),
+            ],
+        )
+
+    assert n == 3 and len(queries) == 1
+    got = {p.pk: (p.run_id, p.reason, p.values, p.why) for p in Proposal.objects.all()}
+    assert got == {
+        rows[0].pk: (second.pk, "pruned", values[0], "why 0"),
+        rows[1].pk: (second.pk, "pruned", values[1], "why 1"),
+        rows[2].pk: (second.pk, "expired", {}, ""),
+    }
+    assert rawsql.update_rows(Proposal, ["why"], []) == 0
+    if connection.vendor == "postgresql":  # SQLite does not enforce a varchar's length
+        with pytest.raises(DataError), transaction.atomic():
+            rawsql.update_rows(Proposal, ["why"], [(rows[0].pk, "x" * 301)])  # refused, not cut
