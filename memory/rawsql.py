@@ -140,42 +140,41 @@ def insert_values(instance: Model, computed: Mapping[str, str]) -> tuple[list[st
 
 def update_rows(model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any]]) -> int:
     """UPDATE ``model``'s fields ``names`` of each row of ``rows`` — (primary key, *values),
-    one per row — in ONE statement: ``UPDATE … FROM (VALUES …)`` (PostgreSQL, and SQLite since
-    3.33). Each value is prepared as the ORM prepares it for a save. What
+    one per row — in ONE statement: on PostgreSQL ``UPDATE … FROM unnest(<one array per
+    column>)``, one parameter per column whatever the rows; on SQLite (3.33 and later)
+    ``UPDATE … FROM (VALUES …)``, one parameter per value, so keep ``rows`` to a few hundred
+    there. Each value is prepared as the ORM prepares it for a save. What
     ``QuerySet.bulk_update`` sends instead is a ``CASE WHEN pk = … THEN …`` per field and row,
     which PostgreSQL evaluates row by row: 54 s for 28,000 proposals of a workspace of 100,000
-    entries (bench/reports/maintenance.md, "An Intel machine"). Keep ``rows`` to a few hundred
-    (every value is a parameter). Returns the rows updated."""
+    entries (bench/reports/maintenance.md, "An Intel machine"). Returns the rows updated."""
     if not rows:
         return 0
     meta = model._meta
     fields: list[Field[Any, Any]] = [meta.get_field(name) for name in names]  # type: ignore[misc]
-    pg = connection.vendor == "postgresql"
-    # PostgreSQL types a VALUES list's column from its parameters: cast them to the column's
-    # type, text to text (a cast to varchar(n) would cut a longer value where the assignment
-    # refuses it).
-    casts = [f"::{_value_type(field)}" if pg else "" for field in fields]
-    key_cast = f"::{meta.pk.rel_db_type(connection)}" if pg else ""  # type: ignore[union-attr,attr-defined]
-    one = "(" + ", ".join([f"%s{key_cast}", *(f"%s{cast}" for cast in casts)]) + ")"
-    params: list[Any] = []
+    columns: list[list[Any]] = [[] for _ in range(len(fields) + 1)]
     for pk, *values in rows:
-        params.append(pk)
-        params += [
-            field.get_db_prep_save(value, connection) for field, value in zip(fields, values, strict=True)
-        ]
-    # A VALUES list's columns: named by the alias on PostgreSQL; column1, column2, … on SQLite,
-    # which takes no column names there (and whose driver counts no rows for an UPDATE after WITH).
-    names_of = (
-        ["k", *(f"v{i}" for i in range(len(fields)))]
-        if pg
-        else [f"column{i + 1}" for i in range(len(fields) + 1)]
-    )
-    alias = f"v ({', '.join(names_of)})" if pg else "v"
+        columns[0].append(pk)
+        for i, (field, value) in enumerate(zip(fields, values, strict=True), start=1):
+            columns[i].append(field.get_db_prep_save(value, connection))
+    if connection.vendor == "postgresql":
+        # Arrays typed as the columns, text as text (a cast to varchar(n) would cut a longer
+        # value where the assignment refuses it).
+        types = [meta.pk.rel_db_type(connection), *(_value_type(f) for f in fields)]  # type: ignore[union-attr,attr-defined]
+        names_of = ["k", *(f"v{i}" for i in range(len(fields)))]
+        source = f"unnest({', '.join(f'%s::{t}[]' for t in types)}) AS v ({', '.join(names_of)})"
+        params: list[Any] = columns
+    else:
+        # A VALUES list's columns are column1, column2, … (SQLite takes no names for them; and
+        # its driver counts no rows for an UPDATE written after a WITH).
+        names_of = [f"column{i + 1}" for i in range(len(fields) + 1)]
+        one = "(" + ", ".join(["%s"] * len(names_of)) + ")"
+        source = f"(VALUES {', '.join([one] * len(rows))}) AS v"
+        params = [value for row in zip(*columns, strict=True) for value in row]
     sets = ", ".join(
         f"{quote(field.column)} = v.{name}" for field, name in zip(fields, names_of[1:], strict=True)
     )
     sql = (
-        f"UPDATE {table(model)} SET {sets} FROM (VALUES {', '.join([one] * len(rows))}) AS {alias} "
+        f"UPDATE {table(model)} SET {sets} FROM {source} "
         f"WHERE {table(model)}.{quote(meta.pk.column)} = v.{names_of[0]}"  # type: ignore[union-attr]
     )
     with connection.cursor() as cursor:
