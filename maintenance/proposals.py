@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from maintenance import backups, compaction, hygiene_actions, lease, passes
@@ -177,70 +177,103 @@ def _rows(
     return found
 
 
+# Proposals a run makes or moves per part: its entries read and its proposals written a part at
+# a time, so memory stays flat in the number of proposals (a first run at 1,000,000 entries
+# proposes about 276,000 changes: held at once as model instances, 740 MB and then 1,085 MB in
+# the next run; bench/reports/maintenance.md, "An Intel machine").
+RECORD_PART = 5000
+
+
 def record(
     run: MaintenanceRun, plan: Outcome, *, keys: Sequence[str], policy: PolicyValues, now: datetime
 ) -> int:
     """Make the plan of a propose-mode run (the passes ``keys`` it evaluated) the workspace's
-    open proposal set; returns the number of proposals the run made."""
+    open proposal set; returns the number of proposals the run made. The open proposals are
+    locked and read as (entry, action, id, reason) only; the proposed entries are then read, and
+    their proposals moved to this run or made, ``RECORD_PART`` entries at a time."""
     workspace = run.workspace
     wanted: dict[tuple[int, str], str] = {}  # (entry, action) → pass key; a later pass wins
     for key in keys:
         for entry_id in plan.ids.get(key, []):
             wanted[(entry_id, ACTIONS[key])] = key
-    rows = _rows(workspace, sorted({entry_id for entry_id, _ in wanted}), policy, now)
     # A prune judges archives by importance and age only: it leaves the full run's proposals
     # of stale entries open (it confirms or adds, never supersedes, archive proposals).
     judged = [k for k in keys if not (run.kind == RunKind.PRUNE and k == "archived")]
+    evaluated = {ACTIONS[k] for k in keys}
+    mine = Q(reason__in=list(keys), action__in=evaluated)  # the open proposals this run judges
+    made = 0
     with transaction.atomic():
-        evaluated = {ACTIONS[k] for k in keys}
+        open_set_ = Proposal.objects.select_for_update().filter(
+            workspace=workspace, status=ProposalStatus.OPEN
+        )
         open_rows = {
-            (p.entry_ref, p.action): p
-            for p in Proposal.objects.select_for_update().filter(
-                workspace=workspace, status=ProposalStatus.OPEN, reason__in=list(keys), action__in=evaluated
+            (ref, action): (pk, reason)
+            for pk, ref, action, reason in open_set_.filter(mine).values_list(
+                "pk", "entry_ref", "action", "reason"
             )
         }
-        stale = [p.pk for pair, p in open_rows.items() if pair not in wanted and p.reason in judged]
-        Proposal.objects.filter(pk__in=stale).update(status=ProposalStatus.SUPERSEDED, decided_at=now)
+        stale = sorted(
+            pk for pair, (pk, reason) in open_rows.items() if pair not in wanted and reason in judged
+        )
+        for part in chunks(stale, RECORD_PART):
+            Proposal.objects.filter(pk__any_of=part).update(status=ProposalStatus.SUPERSEDED, decided_at=now)
+        # Open from a pass this run did not evaluate (e.g. decay while a full run's prune
+        # proposal stands): that one stays; the entry is proposed once.
         others = set(
             Proposal.objects.filter(workspace=workspace, status=ProposalStatus.OPEN)
-            .exclude(pk__in=[p.pk for p in open_rows.values()])
+            .exclude(mine)
             .values_list("entry_ref", "action")
         )
-        new, moved, standing = [], [], 0
-        for (entry_id, action), key in wanted.items():
-            row = rows.get(entry_id)
-            if row is None or (row["pinned"] and key != "expired"):
-                continue  # protected since the plan: nothing to propose
-            values = deciding_values(key, row, policy, now, plan.values.get(key, {}).get(entry_id, {}))
-            fields = {"run": run, "reason": key, "values": values, "why": explain(key, values)[:300]}
-            current = open_rows.get((entry_id, action))
-            if current is not None:
-                for name, value in fields.items():
-                    setattr(current, name, value)
-                moved.append(current)
-            elif (entry_id, action) in others:
-                # Open from a pass this run did not evaluate (e.g. decay while a full run's prune
-                # proposal stands): that one stays; the entry is proposed once.
-                standing += 1
-            else:
-                new.append(
-                    Proposal(
-                        workspace=workspace,
-                        entry_id=entry_id,
-                        entry_ref=entry_id,
-                        action=action,
-                        created_at=now,
-                        **fields,
-                    )
-                )
-        for part in chunks(moved, CHUNK):
-            rawsql.update_rows(
-                Proposal,
-                ["run", "reason", "values", "why"],
-                [(p.pk, run.pk, p.reason, p.values, p.why) for p in part],
-            )
-        Proposal.objects.bulk_create(new, batch_size=CHUNK)
+        for part in chunks(sorted(wanted.items()), RECORD_PART):
+            made += _record_part(run, plan, part, open_rows, others, policy, now)
     lifecycle.announce(workspace.pk)
+    return made
+
+
+def _record_part(
+    run: MaintenanceRun,
+    plan: Outcome,
+    part: Sequence[tuple[tuple[int, str], str]],
+    open_rows: Mapping[tuple[int, str], tuple[int, str]],
+    others: set[tuple[int, str]],
+    policy: PolicyValues,
+    now: datetime,
+) -> int:
+    """One part of ``record``: its entries read as they are now, each wanted change moved
+    (an open proposal of the same entry and action), counted (one standing from another pass)
+    or made; returns how many it moved, counted or made."""
+    rows = _rows(run.workspace, sorted({entry_id for (entry_id, _), _ in part}), policy, now)
+    new: list[Proposal] = []
+    moved: list[tuple[int, int, str, dict[str, Any], str]] = []
+    standing = 0
+    for (entry_id, action), key in part:
+        row = rows.get(entry_id)
+        if row is None or (row["pinned"] and key != "expired"):
+            continue  # protected since the plan: nothing to propose
+        values = deciding_values(key, row, policy, now, plan.values.get(key, {}).get(entry_id, {}))
+        why = explain(key, values)[:300]
+        current = open_rows.get((entry_id, action))
+        if current is not None:
+            moved.append((current[0], run.pk, key, values, why))
+        elif (entry_id, action) in others:
+            standing += 1
+        else:
+            new.append(
+                Proposal(
+                    workspace=run.workspace,
+                    entry_id=entry_id,
+                    entry_ref=entry_id,
+                    action=action,
+                    created_at=now,
+                    run=run,
+                    reason=key,
+                    values=values,
+                    why=why,
+                )
+            )
+    for rows_ in chunks(moved, CHUNK):
+        rawsql.update_rows(Proposal, ["run", "reason", "values", "why"], rows_)
+    Proposal.objects.bulk_create(new, batch_size=CHUNK)
     return len(moved) + len(new) + standing
 
 

@@ -324,6 +324,14 @@ def test_a_newer_run_confirms_supersedes_and_adds_without_duplicates(propose_wor
     assert first["run_id"] != second["run_id"]
 
 
+@pytest.mark.parametrize("part", [1, 2])
+def test_proposals_recorded_in_parts_of_any_size_come_out_the_same(propose_workspace, monkeypatch, part):
+    """``proposals.record`` reads and writes a part of the proposed entries at a time (flat
+    memory at a million entries): confirming, superseding and adding across parts."""
+    monkeypatch.setattr(proposals, "RECORD_PART", part)
+    test_a_newer_run_confirms_supersedes_and_adds_without_duplicates(propose_workspace)
+
+
 def test_a_decay_sweep_leaves_a_full_runs_archive_proposals_open(propose_workspace):
     policy(propose_workspace, archive_older_than_days=100)
     old = make(propose_workspace, age_days=200, tier="semantic")
