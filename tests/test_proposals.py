@@ -332,6 +332,35 @@ def test_proposals_recorded_in_parts_of_any_size_come_out_the_same(propose_works
     test_a_newer_run_confirms_supersedes_and_adds_without_duplicates(propose_workspace)
 
 
+def test_a_run_supersedes_more_open_proposals_than_a_statement_takes_parameters(propose_workspace):
+    """70,000 open proposals (more than the 65,535 parameters PostgreSQL takes in a statement)
+    that a new run no longer makes are superseded. The next propose-mode run
+    at 1,000,000 generated entries failed so ("number of parameters must be between 0 and
+    65535"): the open set's ids went into one IN list."""
+    from maintenance.run_results import Outcome
+
+    first, second = (MaintenanceRun.objects.create(workspace=propose_workspace, kind="full") for _ in range(2))
+    n = 70_000
+    with connection.cursor() as cursor:  # entries long gone (entry unset), proposals still open
+        cursor.execute(
+            "WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < %s) "
+            "INSERT INTO maintenance_proposal (workspace_id, run_id, entry_ref, action, reason, \"values\", "
+            "why, status, created_at, decided_by, note) "
+            "SELECT %s, %s, 1000000 + i, 'tombstone', 'evicted', '{}', '', 'open', %s, '', '' FROM seq",
+            [n, propose_workspace.pk, first.pk, NOW],
+        )
+    plan = Outcome()
+    plan.ids["evicted"] = []
+
+    made = proposals.record(
+        second, plan, keys=["evicted"], policy=MaintenancePolicy.for_workspace(propose_workspace), now=NOW
+    )
+
+    assert made == 0
+    assert Proposal.objects.filter(workspace=propose_workspace, status="superseded").count() == n
+    assert not proposals.open_proposals(propose_workspace).exists()
+
+
 def test_a_decay_sweep_leaves_a_full_runs_archive_proposals_open(propose_workspace):
     policy(propose_workspace, archive_older_than_days=100)
     old = make(propose_workspace, age_days=200, tier="semantic")
