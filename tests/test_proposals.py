@@ -339,12 +339,12 @@ def test_a_run_supersedes_more_open_proposals_than_a_statement_takes_parameters(
     65535"): the open set's ids went into one IN list."""
     from maintenance.run_results import Outcome
 
-    first, second = (MaintenanceRun.objects.create(workspace=propose_workspace, kind="full") for _ in range(2))
+    first, second = (MaintenanceRun.objects.create(workspace=propose_workspace, kind="full") for _ in "ab")
     n = 70_000
     with connection.cursor() as cursor:  # entries long gone (entry unset), proposals still open
         cursor.execute(
             "WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < %s) "
-            "INSERT INTO maintenance_proposal (workspace_id, run_id, entry_ref, action, reason, \"values\", "
+            'INSERT INTO maintenance_proposal (workspace_id, run_id, entry_ref, action, reason, "values", '
             "why, status, created_at, decided_by, note) "
             "SELECT %s, %s, 1000000 + i, 'tombstone', 'evicted', '{}', '', 'open', %s, '', '' FROM seq",
             [n, propose_workspace.pk, first.pk, NOW],
