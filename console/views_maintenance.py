@@ -414,9 +414,10 @@ def reject_proposals(request: HttpRequest, console: Console) -> HttpResponse:
     rejected, skipped = result["rejected"], result["skipped"]
     noun = "change" if len(rejected) == 1 else "changes"
     text = f"Rejected {len(rejected)} {noun}" + (f" ({_ids_text(rejected)})" if rejected else "")
-    if rejected:
-        held = "the entry is held" if len(rejected) == 1 else "the entries are held"
-        text += f"; {held}: automation leaves {'it' if len(rejected) == 1 else 'them'} alone until released."
+    if len(rejected) == 1:
+        text += "; the entry is held: automation leaves it alone until released."
+    elif rejected:
+        text += "; the entries are held: automation leaves them alone until released."
     else:
         text += "."
     text += _skipped_text(skipped, bad)

@@ -31,7 +31,6 @@ from maintenance.models import MaintenanceRun, Proposal, ProposalAction, Proposa
 from maintenance.pass_tools import PassResult, RunContext
 from maintenance.run_results import PRUNE_PARAMS, Outcome, effective_policy, live_count, tombstones_trip
 from memory import holds, lifecycle, rawsql
-from memory.bulk_insert import chunks
 from memory.errors import Conflict, InvalidInput
 from memory.models import Entry, LifecycleEvent, Workspace
 from memory.models.choices import ID_MAX, MANAGED_SOURCES, HoldReason, Status, Tier
@@ -180,7 +179,7 @@ def _rows(
 # Proposals a run makes or moves per part: its entries read and its proposals written a part at
 # a time, so memory stays flat in the number of proposals (a first run at 1,000,000 entries
 # proposes about 276,000 changes: held at once as model instances, 740 MB and then 1,085 MB in
-# the next run; bench/reports/maintenance.md, "An Intel machine").
+# the next run; bench/reports/maintenance.md, "Propose mode at scale").
 RECORD_PART = 5000
 
 
@@ -215,7 +214,7 @@ def record(
         stale = sorted(
             pk for pair, (pk, reason) in open_rows.items() if pair not in wanted and reason in judged
         )
-        for part in chunks(stale, RECORD_PART):
+        for part in _chunks(stale, RECORD_PART):
             Proposal.objects.filter(pk__any_of=part).update(status=ProposalStatus.SUPERSEDED, decided_at=now)
         # Open from a pass this run did not evaluate (e.g. decay while a full run's prune
         # proposal stands): that one stays; the entry is proposed once.
@@ -224,7 +223,7 @@ def record(
             .exclude(mine)
             .values_list("entry_ref", "action")
         )
-        for part in chunks(sorted(wanted.items()), RECORD_PART):
+        for part in _chunks(sorted(wanted.items()), RECORD_PART):
             made += _record_part(run, plan, part, open_rows, others, policy, now)
     lifecycle.announce(workspace.pk)
     return made
@@ -271,7 +270,7 @@ def _record_part(
                     why=why,
                 )
             )
-    for rows_ in chunks(moved, CHUNK):
+    for rows_ in _chunks(moved):
         rawsql.update_rows(Proposal, ["run", "reason", "values", "why"], rows_)
     Proposal.objects.bulk_create(new, batch_size=CHUNK)
     return len(moved) + len(new) + standing
