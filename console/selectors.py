@@ -201,6 +201,17 @@ class RunSchedule:
     proposes: bool = False  # the workspace's runs propose their changes (review mode propose)
 
 
+def interval(seconds: int) -> str:
+    """A policy's interval as a person says it: "45 s", "10 min", "1 h 30 min", "24 h"."""
+    if seconds < 60 or seconds % 60:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, rest = divmod(minutes, 60)
+    return f"{hours} h {rest} min" if rest else f"{hours} h"
+
+
 def _dispatch_minutes() -> int:
     return next((s.minutes for s in SCHEDULES if s.name == DISPATCH_SCHEDULE), 2)
 
@@ -235,7 +246,9 @@ def next_runs(workspace: Workspace, *, now: datetime) -> RunSchedule:
             else f"no full run has completed yet; {every}"
         )
         full_next = _next(RunKind.FULL, full_due, now, full_note)
-        decay_note = f"every {policy.decay_interval_seconds} s after the last sweep or full run; {every}"
+        decay_note = (
+            f"every {interval(policy.decay_interval_seconds)} after the last sweep or full run; {every}"
+        )
         if full_next.state == "due":  # the dispatcher enqueues the full run alone: it sweeps too
             decay_next = NextRun(
                 RunKind.DECAY, "due", full_due, "with the full run that is due, which decays too"

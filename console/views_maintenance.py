@@ -25,6 +25,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.text import capfirst
 
 from console import selectors as console_selectors
 from console.access import Console, operator_action, workspace_page
@@ -151,15 +152,16 @@ def _acted(
 
 
 def _refused(request: HttpRequest, exc: ServiceError, back: str) -> HttpResponse:
+    """A refusal on the page: the API's message, as a sentence."""
     if _is_htmx(request):
-        context = {"notice": exc.detail, "notice_level": "error", "oob": True}
+        context = {"notice": capfirst(exc.detail), "notice_level": "error", "oob": True}
         response = render(request, "console/review.html#notice", context, status=exc.status_code)
         response["HX-Reswap"] = "none"
         response[NOTICE_HEADER] = "1"
         return response
     if isinstance(exc, NotFound):
         raise Http404(exc.detail)
-    messages.error(request, exc.detail)
+    messages.error(request, capfirst(exc.detail))
     return _see_other(back)
 
 

@@ -11,9 +11,14 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 
-from console.selectors import LABEL_CHARS, entry_label
+from console.labels import COUNT_LABELS, REASON_LABELS
+from console.selectors import LABEL_CHARS, entry_label, interval
 from console.templatetags.steward import excerpt_after_label
+from maintenance.hygiene_text import POINTS
+from maintenance.models import MaintenanceRun
+from maintenance.run_results import COUNT_KEYS
 from maintenance.run_start import run_maintenance
+from maintenance.selectors import hygiene_reason_codes
 from memory import entry_changes, new_entries
 from memory.models import Entry, Workspace
 from memory.policy_model import MaintenancePolicy
@@ -146,3 +151,28 @@ def test_a_run_page_counts_its_automatic_changes_as_the_review_tab_does(client, 
     assert listed == header == 2
     assert f'?tab=automatic&amp;run={run_id}">2 automatic changes</a> of this run a revert would' in run_page
     assert "2 automatic changes that a revert would undo" in tab
+
+
+def test_every_count_and_hygiene_reason_has_words():
+    # A key added to the API without words here would be shown as an identifier.
+    assert set(COUNT_LABELS) == set(COUNT_KEYS)
+    assert set(REASON_LABELS) == set(hygiene_reason_codes()) == set(POINTS)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "words"),
+    [(45, "45 s"), (90, "90 s"), (600, "10 min"), (3600, "1 h"), (5400, "1 h 30 min"), (86400, "24 h")],
+)
+def test_an_interval_reads_as_a_person_says_it(seconds, words):
+    assert interval(seconds) == words
+
+
+def test_a_queued_run_says_when_it_was_queued_not_started(client, workspace, now):
+    queued = MaintenanceRun.objects.create(workspace=workspace, kind="full", status="queued", trigger="api")
+    login(client, workspace)
+
+    row = page(client, "/console/acme/runs/").split(f'id="run-row-{queued.pk}"', 1)[1].split("</tr>", 1)[0]
+    run = page(client, f"/console/acme/runs/{queued.pk}/")
+
+    assert "queued <time" in row
+    assert "<dt>Queued</dt>" in run and "<dt>Started</dt>" not in run

@@ -324,10 +324,11 @@ def test_a_bad_request_is_a_message_not_an_error(client, propose_workspace, now)
     nothing = client.post(url(propose_workspace, "review/approve/"), {}, **HX)
     bad_reason = client.post(url(propose_workspace, "review/approve/"), {"scope": "all", "reason": "nope"})
 
-    assert nothing.status_code == 422 and "select at least one entry" in html(nothing)
+    # The API's message, as a sentence.
+    assert nothing.status_code == 422 and "Select at least one entry" in html(nothing)
     assert nothing["HX-Reswap"] == "none"
     assert bad_reason.status_code == 303
-    assert "reason: must be one of" in html(client.get(bad_reason["Location"]))
+    assert "Reason: must be one of" in html(client.get(bad_reason["Location"]))
     assert client.get(url(propose_workspace, "review/approve/")).status_code == 405
 
 
@@ -440,8 +441,9 @@ def test_a_proposed_run_reads_as_proposed_with_its_metrics_apart(client, propose
     changes = page[page.index('id="run-counts"') : page.index('id="run-metrics"')]
     metrics = page[page.index('id="run-metrics"') :].split("</table>", 1)[0]
     assert re.search(r'evicted</th><td class="num">3</td><td><span class="badge proposed">proposed', changes)
-    for key in ("scored", "orphans", "held_<wbr>skipped"):
-        assert f">{key}<" in metrics and f">{key}<" not in changes
+    # In words, the API's key in the title.
+    for key, words in (("scored", "scored"), ("orphans", "orphans"), ("held_skipped", "held, left alone")):
+        assert f'title="{key}">{words}<' in metrics and f">{words}<" not in changes
 
     client.post(url(propose_workspace, "review/approve/"), {"scope": "all", "force": "1"})
     after = html(client.get(url(propose_workspace, f"runs/{run_id}/")))

@@ -14,6 +14,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from console.labels import count_label
 from maintenance.models import Dispute, MaintenanceRun, RunDaySummary
 from maintenance.run_results import COUNT_KEYS
 from maintenance.run_start import run_maintenance
@@ -145,8 +146,22 @@ def test_the_hygiene_tab_explains_each_candidate(client, workspace, now):
 
     assert f'id="hygiene-row-{entry.pk}"' in html
     assert f'href="/console/acme/entries/{entry.pk}/"' in html
-    assert "incomplete_fragment" in html and "truncated_or_unbalanced" in html
+    # The reasons in words, the API's codes in their titles.
+    assert 'title="incomplete_fragment">incomplete fragment<' in html
+    assert 'title="truncated_or_unbalanced">truncated or unbalanced<' in html
     assert "content ends in &#x27;...&#x27;" in html  # the reason's detail
+
+
+def test_an_exact_duplicate_links_to_the_entry_it_copies(client, workspace, now):
+    login(client, workspace)
+    older = good(workspace, now - timedelta(days=3))
+    copy = new_entries.entry_create(workspace=workspace, content=older.content, created_at=now, now=now)
+
+    html = review(client, "hygiene")
+    row = html[html.index(f'id="hygiene-row-{copy.pk}"') :].split("</tr>", 1)[0]
+
+    assert 'title="exact_duplicate">exact duplicate<' in row
+    assert f'same content as older <a href="/console/acme/entries/{older.pk}/">entry {older.pk}</a>' in row
     assert 'class="num score">4<' in html
     assert 'class="badge rec-archive">archive<' in html
     assert html.count('id="hygiene-row-') == 1
@@ -305,15 +320,15 @@ def test_bad_hygiene_requests_are_refused_with_a_notice(client, workspace, now):
     response = client.post("/console/acme/review/hygiene/", {"action": "delete", "ids": [a.pk]}, **HX)
     assert response.status_code == 422
     assert response["HX-Reswap"] == "none" and response["X-Console-Notice"] == "1"
-    assert "action: must be archive or keep" in response.content.decode()
+    assert "Action: must be archive or keep" in response.content.decode()
 
     response = client.post("/console/acme/review/hygiene/", {"action": "archive"}, **HX)
     assert response.status_code == 422
-    assert "select at least one entry" in response.content.decode()
+    assert "Select at least one entry" in response.content.decode()
 
     response = client.post("/console/acme/review/hygiene/", {"action": "archive"}, follow=True)
     assert response.redirect_chain == [("/console/acme/review/?tab=hygiene", 303)]
-    assert "select at least one entry" in response.content.decode()
+    assert "Select at least one entry" in response.content.decode()
 
     huge = "9" * 30
     response = client.post(
@@ -672,13 +687,14 @@ def test_the_run_page_shows_everything_about_the_run(client, workspace, now):
     result = run_maintenance(workspace=workspace, now=now)
     run = MaintenanceRun.objects.get(pk=result["run_id"])
 
-    # The count keys may break at their underscores (``<wbr>``: the page's narrow column).
-    html = client.get(f"/console/acme/runs/{run.pk}/").content.decode().replace("<wbr>", "")
+    html = client.get(f"/console/acme/runs/{run.pk}/").content.decode()
 
+    # Every count in words, the API's key in the title.
     for key in COUNT_KEYS:
         n = result["counts"][key]
         n = sum(n.values()) if isinstance(n, dict) else n  # reclaimed_rows: its total
-        assert re.search(rf'<th scope="row">{key}</th><td class="num">{n}</td>', html), key
+        words = re.escape(count_label(key))
+        assert re.search(rf'<th scope="row" title="{key}">{words}</th><td class="num">{n}</td>', html), key
     assert result["backup_file"] and f"<code>{result['backup_file']}</code>" in html
     assert '<th scope="row">tombstone_grace_days</th><td><code>180</code></td>' in html
     assert "<dt>Trigger</dt><dd>cli</dd>" in html

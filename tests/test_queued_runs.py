@@ -435,7 +435,7 @@ def test_the_plans_progress_is_written_from_a_side_connection(monkeypatch, setti
     # The open run page was told too: the outbox row (the embedded layer) written beside the
     # progress survived the plan's rollback.
     told = [m.html for m in LiveMessage.objects.filter(workspace_id=ws.pk) if "planning, pass" in m.html]
-    assert any("<code>stale_marked</code>" in html for html in told), told
+    assert any('title="stale_marked">marked stale<' in html for html in told), told
 
 
 def test_a_blocked_runs_affected_entries_are_the_ones_its_record_keeps(workspace, key):

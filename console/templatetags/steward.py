@@ -6,10 +6,11 @@ import re
 from typing import Any
 
 from django import template
-from django.utils.html import escape
+from django.urls import reverse
+from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from console import selectors, selectors_maintenance
+from console import labels, selectors, selectors_maintenance
 from memory import capped as capping
 
 register = template.Library()
@@ -20,6 +21,39 @@ def run_counts(run: Any) -> Any:
     """A run's non-zero counts split into changes and metrics
     (``console.selectors_maintenance.run_counts``)."""
     return selectors_maintenance.run_counts(run)
+
+
+@register.filter
+def count_label(key: Any) -> str:
+    """A run's count key in words (``console.labels``): "marked stale" for ``stale_marked``."""
+    return labels.count_label(str(key))
+
+
+@register.filter
+def reason_label(code: Any) -> str:
+    """A hygiene reason code in words (``console.labels``)."""
+    return labels.reason_label(str(code))
+
+
+@register.simple_tag
+def reason_detail(reason: Any, slug: str) -> SafeString:
+    """A hygiene reason's detail, breakable; the older entry an exact duplicate copies is a
+    link to that entry's page."""
+    fields = reason if isinstance(reason, dict) else vars(reason)
+    detail = str(fields.get("detail") or "")
+    match = DUPLICATE_OF.fullmatch(detail)
+    if fields.get("code") != "exact_duplicate" or match is None:
+        return breakable(detail)
+    older = match.group(2)
+    return format_html(
+        '{}<a href="{}">entry {}</a>',
+        match.group(1),
+        reverse("console:entry", args=[slug, int(older)]),
+        older,
+    )
+
+
+DUPLICATE_OF = re.compile(r"(same content as older )entry (\d+)")
 
 
 @register.filter
