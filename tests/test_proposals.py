@@ -324,6 +324,38 @@ def test_a_newer_run_confirms_supersedes_and_adds_without_duplicates(propose_wor
     assert first["run_id"] != second["run_id"]
 
 
+def test_a_confirmation_moves_the_proposal_and_keeps_the_values_that_first_decided_it(propose_workspace):
+    entry = make(propose_workspace, age_days=412)
+    first = run(propose_workspace)
+    before = Proposal.objects.get(entry_ref=entry.pk)
+
+    second = run(propose_workspace, NOW + timedelta(days=3), kind="decay")
+
+    after = Proposal.objects.get(entry_ref=entry.pk)
+    assert after.pk == before.pk and after.status == "open"
+    assert after.run_id == second["run_id"] != first["run_id"]
+    # What decided it first, and when: a sweep every 10 minutes rewrote every open proposal.
+    assert (after.values, after.why, after.created_at) == (before.values, before.why, before.created_at)
+    assert after.why.startswith("retention 0.00 < 0.20, never accessed, 412 days old")
+
+
+def test_a_proposal_another_pass_makes_again_takes_that_pass_and_its_values(propose_workspace):
+    entry = make(propose_workspace, age_days=412)
+    run(propose_workspace)
+    assert Proposal.objects.get(entry_ref=entry.pk).reason == "evicted"
+    # Read since (no longer cold), and its writer's TTL has passed: the TTL pass tombstones it.
+    entry_signals.entry_record_access(workspace=propose_workspace, entry_id=entry.pk, actor="agent", now=NOW)
+    expires = NOW + timedelta(hours=12)
+    Entry.objects.filter(pk=entry.pk).update(expires_at=expires)
+
+    later = run(propose_workspace, NOW + timedelta(days=1))
+
+    proposal = Proposal.objects.get(entry_ref=entry.pk, status="open")
+    assert proposal.run_id == later["run_id"] and proposal.reason == "expired"
+    assert proposal.values == {"expires_at": expires.isoformat()}
+    assert Proposal.objects.filter(entry_ref=entry.pk).count() == 1
+
+
 @pytest.mark.parametrize("part", [1, 2])
 def test_proposals_recorded_in_parts_of_any_size_come_out_the_same(propose_workspace, monkeypatch, part):
     """``proposals.record`` reads and writes a part of the proposed entries at a time (flat

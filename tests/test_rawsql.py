@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from memory import new_entries, rawsql
 from memory.models import Entry
@@ -132,3 +133,37 @@ def test_update_rows_writes_each_rows_values_in_one_statement_as_the_orm_would(p
     if connection.vendor == "postgresql":  # SQLite does not enforce a varchar's length
         with pytest.raises(DataError), transaction.atomic():
             rawsql.update_rows(Proposal, ["why"], [(rows[0].pk, "x" * 301)])  # refused, not cut
+
+
+def test_insert_rows_writes_every_row_in_one_statement_as_the_orm_would(propose_workspace):
+    from django.db import DataError, transaction
+
+    from maintenance.models import MaintenanceRun, Proposal
+
+    entries = [new_entries.entry_create(workspace=propose_workspace, content=f"note {i}") for i in range(3)]
+    run = MaintenanceRun.objects.create(workspace=propose_workspace, kind="full")
+    now = timezone.now()
+    values = [{"retention": 0.125, "nested": {"a": [1, 2]}}, {"why": 'it\'s "quoted" — ünïcode'}, {}]
+    names = ["workspace", "run", "entry", "entry_ref", "action", "reason", "values", "why", "created_at"]
+    names += ["status", "decided_by", "note"]
+    rows = [
+        (propose_workspace.pk, run.pk, e.pk, e.pk, "tombstone", "evicted", v, f"why {i}", now, "open", "", "")
+        for i, (e, v) in enumerate(zip(entries, values, strict=True))
+    ]
+
+    with CaptureQueriesContext(connection) as queries:
+        n = rawsql.insert_rows(Proposal, names, rows)
+
+    assert n == 3 and len(queries) == 1
+    got = sorted(
+        Proposal.objects.values_list("entry_ref", "run_id", "values", "why", "created_at", "decided_at")
+    )
+    assert got == [
+        (e.pk, run.pk, v, f"why {i}", now, None) for i, (e, v) in enumerate(zip(entries, values, strict=True))
+    ]
+    assert rawsql.insert_rows(Proposal, names, []) == 0
+    if connection.vendor == "postgresql":  # SQLite does not enforce a varchar's length
+        too_long = (*rows[0][:3], 10**9, *rows[0][4:7], "x" * 301, *rows[0][8:])
+        with pytest.raises(DataError), transaction.atomic():
+            rawsql.insert_rows(Proposal, names, [too_long])  # refused, not cut
+    assert Proposal.objects.count() == 3
