@@ -150,10 +150,13 @@ class ProposalOut(Schema):
     action: ProposalAction
     reason: str = Field(description=REASON_HELP)
     reason_label: str
-    values: dict[str, Any] = Field(description="The values that decided it (e.g. retention, cold_threshold)")
-    why: str = Field(description="The deciding values in words")
+    values: dict[str, Any] = Field(
+        description="The values that decided it (e.g. retention, cold_threshold), as of created_at: "
+        "a later run that proposes it again moves it (run_id) and keeps them"
+    )
+    why: str = Field(description="The deciding values in words, as of created_at")
     run_id: int = Field(description="The run that proposed it (the latest that still proposes it)")
-    created_at: datetime
+    created_at: datetime = Field(description="When a run first proposed it for this pass")
     title: str
     content_excerpt: str
     entry_status: str | None = Field(description="The entry's status now; null once purged")

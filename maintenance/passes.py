@@ -343,16 +343,22 @@ def apply_change(ctx: RunContext, key: str, ids: list[int]) -> PassResult:
     return transition(ctx, candidates, to_status=Status.ARCHIVED, reason=change.event_reason)
 
 
+def prunable_links(workspace: Workspace) -> QuerySet[Relationship]:
+    """The active links of ``workspace`` whose both ends are archived or tombstoned (in a plan,
+    as its status overlay says)."""
+    gone = [Status.ARCHIVED, Status.TOMBSTONED]
+    return Relationship.objects.filter(
+        status_in(gone, prefix="from_entry__"),
+        status_in(gone, prefix="to_entry__"),
+        workspace=workspace,
+        pruned_at__isnull=True,
+    )
+
+
 def prune_links(ctx: RunContext) -> PassResult:
     """12. Links whose both ends are archived or tombstoned are deactivated (pruned_at set,
     restorable)."""
-    gone = [Status.ARCHIVED, Status.TOMBSTONED]
-    candidates = Relationship.objects.filter(
-        status_in(gone, prefix="from_entry__"),
-        status_in(gone, prefix="to_entry__"),
-        workspace=ctx.workspace,
-        pruned_at__isnull=True,
-    )
+    candidates = prunable_links(ctx.workspace)
     result = PassResult()
 
     def prune_batch(ids: list[int]) -> None:

@@ -248,19 +248,28 @@ def _record_part(
     every 10 minutes over a million entries confirms about 256,000 proposals, and rewriting
     their values each time took most of a 74 s sweep (bench/reports/maintenance.md,
     "Propose mode's steady state")."""
-    rows = _rows(run.workspace, sorted({entry_id for (entry_id, _), _ in part}), policy, now)
+
+    # Only the entries of proposals to make or rewrite are read again (the rest are confirmed
+    # as they stand; an approval re-checks every proposal anyway).
+    def confirms(pair: tuple[int, str], key: str) -> bool:
+        current = open_rows.get(pair)
+        return current is not None and current[1] == key
+
+    rows = _rows(
+        run.workspace, sorted({pair[0] for pair, key in part if not confirms(pair, key)}), policy, now
+    )
     new: list[tuple[Any, ...]] = []
     confirmed: list[int] = []
     rewritten: list[tuple[int, int, str, dict[str, Any], str]] = []
     standing = 0
     for (entry_id, action), key in part:
-        row = rows.get(entry_id)
-        if row is None or (row["pinned"] and key != "expired"):
-            continue  # protected since the plan: nothing to propose
         current = open_rows.get((entry_id, action))
         if current is not None and current[1] == key:
             confirmed.append(current[0])
             continue
+        row = rows.get(entry_id)
+        if row is None or (row["pinned"] and key != "expired"):
+            continue  # protected since the plan: nothing to propose
         if current is None and (entry_id, action) in others:
             standing += 1
             continue

@@ -20,7 +20,7 @@ from maintenance import hygiene_actions, proposals, revert
 from maintenance.models import Backup, MaintenanceRun, Proposal
 from maintenance.run_start import run_maintenance
 from maintenance.tasks import run_scheduled
-from memory import entry_changes, entry_signals, journal_export, new_entries
+from memory import entry_changes, entry_signals, journal_export, new_entries, relationships
 from memory.errors import Conflict, InvalidInput
 from memory.models import Entry, LifecycleEvent
 from memory.models.choices import Status
@@ -572,6 +572,26 @@ def test_a_propose_mode_run_whose_backup_fails_changes_nothing(propose_workspace
     assert result["status"] == "failed"
     assert status(staling) == Status.ACTIVE and status(gone) == Status.TOMBSTONED
     assert not LifecycleEvent.objects.filter(entry=staling, to_status="stale").exists()
+
+
+def test_a_propose_mode_run_backs_up_only_for_links_gone_before_it(propose_workspace):
+    a, b = (make(propose_workspace, age_days=200, tier="semantic") for _ in range(2))
+    relationships.relationship_create(workspace=propose_workspace, from_id=a.pk, to_id=b.pk, now=NOW)
+    stale_since = NOW - timedelta(days=200)
+    Entry.objects.filter(pk__in=[a.pk, b.pk]).update(status="stale", status_changed_at=stale_since)
+
+    # Its plan archives both (what it proposes) and prunes their link; the run itself prunes
+    # nothing and purges nothing: no backup (it wrote one for every such plan).
+    proposing = run(propose_workspace)
+    assert proposing["status"] == "proposed"
+    assert open_ids(propose_workspace, "archived") == sorted([a.pk, b.pk])
+    assert proposing["counts"]["links_pruned"] == 0 and proposing["backup_file"] is None
+
+    # Both ends archived by hand since: the next run prunes the link, after its backup.
+    Entry.objects.filter(pk__in=[a.pk, b.pk]).update(status="archived", archived_at=NOW)
+    pruning = run(propose_workspace, NOW + timedelta(minutes=5))
+    assert pruning["counts"]["links_pruned"] == 1 and pruning["backup_file"]
+    assert Backup.objects.filter(file_name=pruning["backup_file"]).exists()
 
 
 def test_an_approval_whose_backup_fails_changes_nothing(propose_workspace, monkeypatch):
