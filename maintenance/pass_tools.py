@@ -66,6 +66,9 @@ class RunContext:
     # A real run's apply in apply mode: the ids its plan decided, per count key, for the passes
     # that change one candidate set (``planned``).
     planned_ids: Mapping[str, Sequence[int]] | None = None
+    # A plan that repeats an earlier plan's decision of a pass, by count key: the ids that plan
+    # decided, recorded in the overlay without reading the candidates again (``planned``).
+    replayed: Mapping[str, Sequence[int]] = field(default_factory=dict)
 
     @property
     def run_id(self) -> int | None:
@@ -224,7 +227,7 @@ def transition(
     decay pass's time (bench/reports/maintenance.md, section "On a quiet machine, and the batch
     change")."""
     if plan_status.active():
-        return _planned_transition(ctx, candidates, to_status=to_status, detail_fields=detail_fields)
+        return _planned_transition(ctx, candidates, to_status=to_status, detail_fields=detail_fields, ids=ids)
     result = PassResult()
     # Status changes only are spread over the table (``lifecycle.batches``), and not by a
     # caller that holds every batch in one transaction of its own (``spread=False``: its
@@ -333,8 +336,11 @@ def planned(ctx: RunContext, key: str) -> Sequence[int] | None:
     apply walks them instead of reading its candidates again (the plan read them at the same
     ``now``, on the state the earlier passes leave), and re-checks each batch through the whole
     predicate as always. An entry that became a candidate only after the plan read it waits for
-    the next run. None elsewhere: read the candidates."""
-    if ctx.planning or ctx.planned_ids is None:
+    the next run. In a plan, the ids an earlier plan decided for a pass it repeats
+    (``RunContext.replayed``). None elsewhere: read the candidates."""
+    if ctx.planning:
+        return ctx.replayed.get(key)
+    if ctx.planned_ids is None:
         return None
     return ctx.planned_ids.get(key)
 
@@ -393,14 +399,22 @@ def _locked_batch(
 
 
 def _planned_transition(
-    ctx: RunContext, candidates: QuerySet[Entry], *, to_status: str, detail_fields: tuple[str, ...]
+    ctx: RunContext,
+    candidates: QuerySet[Entry],
+    *,
+    to_status: str,
+    detail_fields: tuple[str, ...],
+    ids: Sequence[int] | None = None,
 ) -> PassResult:
-    """``transition`` inside a plan with the status overlay: the candidates read once and
-    their new status recorded beside them (``maintenance.plan_status``); no entry row is
-    written or locked, no record made (the plan's records would be rolled back anyway)."""
+    """``transition`` inside a plan with the status overlay: the candidates read once (or
+    ``ids``, an earlier plan's decision this plan repeats: ``planned``) and their new status
+    recorded beside them (``maintenance.plan_status``); no entry row is written or locked, no
+    record made (the plan's records would be rolled back anyway)."""
     ordered = candidates.order_by("pk")
     result = PassResult()
-    if detail_fields:
+    if ids is not None and not detail_fields:
+        result.ids = sorted(ids)
+    elif detail_fields:
         rows = list(ordered.values("pk", *detail_fields))
         result.ids = [r["pk"] for r in rows]
         result.rows = _detail_rows(rows, detail_fields)

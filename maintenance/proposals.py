@@ -284,7 +284,7 @@ def _record_part(
     for rows_ in _chunks(rewritten):
         rawsql.update_rows(Proposal, ["run", "reason", "values", "why"], rows_)
     for rows_ in _chunks(new, INSERT_PART):
-        rawsql.insert_rows(Proposal, NEW_FIELDS, [(*r, ProposalStatus.OPEN, "", "") for r in rows_])
+        rawsql.insert_records(Proposal, NEW_FIELDS, [(*r, ProposalStatus.OPEN, "", "") for r in rows_])
     return len(confirmed) + len(rewritten) + len(new) + standing
 
 

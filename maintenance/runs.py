@@ -458,7 +458,10 @@ def execute_run(
                 # every other pass does with the proposals NOT applied (the plan above applied
                 # them: its orphans, links and purges are not the real run's), planned again
                 # without the proposing passes, as the real run applies it below.
-                rest = _plan(ctx, kind, keep_alive, recorder, counts_orphans, skip=PROPOSING)
+                # The stale marks are the first plan's: only graduation and the staged
+                # traces' expiry come before them, and neither changes an active entry.
+                again = replace(ctx, replayed={"stale_marked": plan.ids.get("stale_marked", [])})
+                rest = _plan(again, kind, keep_alive, recorder, counts_orphans, skip=PROPOSING)
                 return finish_run(run, RunStatus.PROPOSED, _proposed(plan, rest), extra={"breaker": breaker})
             return finish_run(run, RunStatus.SUCCEEDED, plan)
         backup_made = False

@@ -12,6 +12,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import orjson
 from django.core.exceptions import EmptyResultSet
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import CharField, Field, Lookup, Model, TextField
@@ -182,31 +183,38 @@ def update_rows(model: type[Model], names: Sequence[str], rows: Sequence[Sequenc
         return cursor.rowcount
 
 
-def insert_rows(model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any]]) -> int:
+def insert_records(model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any]]) -> int:
     """INSERT a row of ``model`` per item of ``rows`` (the values of fields ``names``, in that
-    order; every other column takes its database default or NULL) in ONE statement: on
-    PostgreSQL ``INSERT … SELECT * FROM unnest(<one array per column>)``, on SQLite one
-    ``executemany``. Each value is prepared as the ORM prepares it for a save. Django's
-    ``bulk_create`` sends a parameter per value and reads every new id back: 80 µs a row for
-    proposals, against about 40 here (bench/reports/maintenance.md, "Propose mode's steady
-    state"). Returns the rows inserted."""
+    order; every other column takes its database default or NULL) in ONE statement. Values are
+    plain: ids for relations, aware datetimes, JSON-able objects for JSON fields.
+
+    On PostgreSQL the rows travel as one JSON document (orjson) that the server reads back as
+    typed columns (``jsonb_to_recordset``): text is cast to text, so a value too long for its
+    column is refused, not cut. Django's ``bulk_create`` sends a parameter per value and reads
+    every new id back (80 µs a row for proposals), and arrays of columns cost psycopg about as
+    much to write out, element by element (bench/reports/maintenance.md, "Propose mode's steady
+    state"). On SQLite: each value prepared as the ORM prepares it, one ``executemany``.
+    Returns the rows inserted."""
     if not rows:
         return 0
     meta = model._meta
     fields: list[Field[Any, Any]] = [meta.get_field(name) for name in names]  # type: ignore[misc]
-    prepared = [
-        [field.get_db_prep_save(value, connection) for field, value in zip(fields, row, strict=True)]
-        for row in rows
-    ]
     columns = ", ".join(quote(field.column) for field in fields)
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            arrays = ", ".join(f"%s::{_value_type(field)}[]" for field in fields)
+            keys = [f"c{i}" for i in range(len(fields))]
+            typed = ", ".join(f"{key} {_value_type(field)}" for key, field in zip(keys, fields, strict=True))
+            document = orjson.dumps([dict(zip(keys, row, strict=True)) for row in rows])
             cursor.execute(
-                f"INSERT INTO {table(model)} ({columns}) SELECT * FROM unnest({arrays})",
-                [list(column) for column in zip(*prepared, strict=True)],
+                f"INSERT INTO {table(model)} ({columns}) SELECT {', '.join(keys)} "
+                f"FROM jsonb_to_recordset(%s::jsonb) AS x({typed})",
+                [document.decode()],
             )
             return cursor.rowcount
+        prepared = [
+            [field.get_db_prep_save(value, connection) for field, value in zip(fields, row, strict=True)]
+            for row in rows
+        ]
         marks = ", ".join(["%s"] * len(fields))
         cursor.executemany(f"INSERT INTO {table(model)} ({columns}) VALUES ({marks})", prepared)
     return len(rows)

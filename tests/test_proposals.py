@@ -242,6 +242,33 @@ def test_a_propose_mode_dry_run_reports_every_count_and_id_its_real_run_then_mak
     assert dry["affected"] == real["affected"]
 
 
+def test_a_propose_mode_dry_runs_second_plan_repeats_the_first_plans_stale_marks(
+    propose_workspace, monkeypatch
+):
+    from maintenance import pass_tools
+
+    _mixed_workspace(propose_workspace)
+    policy(propose_workspace, stale_after_days=30)
+    seen: list[tuple[str, list[int] | None]] = []
+    planned_transition = pass_tools._planned_transition
+
+    def spy(ctx, candidates, *, to_status, detail_fields, ids=None):
+        read = sorted(candidates.values_list("pk", flat=True))  # what reading them again finds
+        found = planned_transition(ctx, candidates, to_status=to_status, detail_fields=detail_fields, ids=ids)
+        seen.append((to_status, None if ids is None else list(ids)))
+        assert to_status != Status.STALE or found.ids == read
+        return found
+
+    monkeypatch.setattr(pass_tools, "_planned_transition", spy)
+    dry = run(propose_workspace, dry_run=True)
+
+    stale = [ids for to_status, ids in seen if to_status == Status.STALE]
+    assert dry["counts"]["stale_marked"] > 0 and len(stale) == 2
+    real = run(propose_workspace)
+    marked = LifecycleEvent.objects.filter(run_id=real["run_id"], to_status=Status.STALE)
+    assert stale[0] is None and stale[1] == sorted(marked.values_list("entry_id", flat=True))
+
+
 def test_a_propose_mode_run_proposes_exactly_what_an_apply_mode_dry_run_would_do(
     workspace, propose_workspace
 ):

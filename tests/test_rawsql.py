@@ -135,7 +135,7 @@ def test_update_rows_writes_each_rows_values_in_one_statement_as_the_orm_would(p
             rawsql.update_rows(Proposal, ["why"], [(rows[0].pk, "x" * 301)])  # refused, not cut
 
 
-def test_insert_rows_writes_every_row_in_one_statement_as_the_orm_would(propose_workspace):
+def test_insert_records_writes_every_row_in_one_statement_as_the_orm_would(propose_workspace):
     from django.db import DataError, transaction
 
     from maintenance.models import MaintenanceRun, Proposal
@@ -152,7 +152,7 @@ def test_insert_rows_writes_every_row_in_one_statement_as_the_orm_would(propose_
     ]
 
     with CaptureQueriesContext(connection) as queries:
-        n = rawsql.insert_rows(Proposal, names, rows)
+        n = rawsql.insert_records(Proposal, names, rows)
 
     assert n == 3 and len(queries) == 1
     got = sorted(
@@ -161,9 +161,9 @@ def test_insert_rows_writes_every_row_in_one_statement_as_the_orm_would(propose_
     assert got == [
         (e.pk, run.pk, v, f"why {i}", now, None) for i, (e, v) in enumerate(zip(entries, values, strict=True))
     ]
-    assert rawsql.insert_rows(Proposal, names, []) == 0
+    assert rawsql.insert_records(Proposal, names, []) == 0
     if connection.vendor == "postgresql":  # SQLite does not enforce a varchar's length
         too_long = (*rows[0][:3], 10**9, *rows[0][4:7], "x" * 301, *rows[0][8:])
         with pytest.raises(DataError), transaction.atomic():
-            rawsql.insert_rows(Proposal, names, [too_long])  # refused, not cut
+            rawsql.insert_records(Proposal, names, [too_long])  # refused, not cut
     assert Proposal.objects.count() == 3
