@@ -156,7 +156,9 @@ class ProposalOut(Schema):
     )
     why: str = Field(description="The deciding values in words, as of created_at")
     run_id: int = Field(description="The run that proposed it (the latest that still proposes it)")
-    created_at: datetime = Field(description="When a run first proposed it for this pass")
+    created_at: datetime = Field(
+        description="When a run proposed it for this pass (what values and why are of)"
+    )
     title: str
     content_excerpt: str
     entry_status: str | None = Field(description="The entry's status now; null once purged")

@@ -61,7 +61,7 @@ REASON_LABELS = {
     "expired": "the writer's TTL passed",
     "reclaimed": "archived long enough",
 }
-CHUNK = 500  # ids per IN (...): far below SQLite's parameter limit
+CHUNK = 500  # ids per IN (...), rows per rewrite: far below SQLite's parameter limit
 
 
 def _chunks(items: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
@@ -165,7 +165,8 @@ def _rows(
     workspace: Workspace, ids: Sequence[int], policy: PolicyValues, now: datetime
 ) -> dict[int, dict[str, Any]]:
     """The proposed entries as they are now, if automation may still change them: a hold an
-    operator placed (or a version written) while the run worked is not proposed over."""
+    operator placed (or a version written) while the run worked gets no new or rewritten
+    proposal (a confirmed one moves to the run as it stands; an approval re-checks it)."""
     found: dict[int, dict[str, Any]] = {}
     rule = protected(
         now=now, hold_days=policy.operator_hold_days, exclude_tags=policy.exclude_tags, honour_pin=False
@@ -187,9 +188,10 @@ def record(
     run: MaintenanceRun, plan: Outcome, *, keys: Sequence[str], policy: PolicyValues, now: datetime
 ) -> int:
     """Make the plan of a propose-mode run (the passes ``keys`` it evaluated) the workspace's
-    open proposal set; returns the number of proposals the run made. The open proposals are
-    locked and read as (entry, action, id, reason) only; the proposed entries are then read, and
-    their proposals moved to this run or made, ``RECORD_PART`` entries at a time."""
+    open proposal set; returns the number of proposals the run made (confirmed, rewritten or
+    new). The open proposals are locked and read as (entry, action, id, reason) only; then,
+    ``RECORD_PART`` entries at a time, the confirmed ones are moved to this run, and the
+    entries of the others are read again to rewrite or make theirs (``_record_part``)."""
     workspace = run.workspace
     wanted: dict[tuple[int, str], str] = {}  # (entry, action) → pass key; a later pass wins
     for key in keys:
@@ -260,7 +262,7 @@ def _record_part(
     )
     new: list[tuple[Any, ...]] = []
     confirmed: list[int] = []
-    rewritten: list[tuple[int, int, str, dict[str, Any], str]] = []
+    rewritten: list[tuple[int, int, str, dict[str, Any], str, datetime]] = []
     standing = 0
     for (entry_id, action), key in part:
         current = open_rows.get((entry_id, action))
@@ -276,13 +278,13 @@ def _record_part(
         values = deciding_values(key, row, policy, now, plan.values.get(key, {}).get(entry_id, {}))
         why = explain(key, values)[:300]
         if current is not None:
-            rewritten.append((current[0], run.pk, key, values, why))
+            rewritten.append((current[0], run.pk, key, values, why, now))
         else:
             new.append((run.workspace_id, run.pk, entry_id, entry_id, action, key, values, why, now))
     if confirmed:
         Proposal.objects.filter(pk__any_of=confirmed).update(run=run)
     for rows_ in _chunks(rewritten):
-        rawsql.update_rows(Proposal, ["run", "reason", "values", "why"], rows_)
+        rawsql.update_rows(Proposal, ["run", "reason", "values", "why", "created_at"], rows_)
     for rows_ in _chunks(new, INSERT_PART):
         rawsql.insert_records(Proposal, NEW_FIELDS, [(*r, ProposalStatus.OPEN, "", "") for r in rows_])
     return len(confirmed) + len(rewritten) + len(new) + standing
@@ -303,8 +305,8 @@ NEW_FIELDS = (
     "decided_by",
     "note",
 )
-# New proposals per INSERT: one statement of arrays on PostgreSQL whatever the count; on SQLite
-# one executemany.
+# New proposals per INSERT (``rawsql.insert_records``: one JSON document on PostgreSQL, one
+# executemany on SQLite).
 INSERT_PART = 5000
 
 

@@ -380,6 +380,7 @@ def test_a_proposal_another_pass_makes_again_takes_that_pass_and_its_values(prop
     proposal = Proposal.objects.get(entry_ref=entry.pk, status="open")
     assert proposal.run_id == later["run_id"] and proposal.reason == "expired"
     assert proposal.values == {"expires_at": expires.isoformat()}
+    assert proposal.created_at == NOW + timedelta(days=1)  # what its values are of
     assert Proposal.objects.filter(entry_ref=entry.pk).count() == 1
 
 
