@@ -228,7 +228,7 @@ def test_a_run_pushes_its_progress_once_per_pass_to_its_page(workspace, member):
     passes = [m for m in messages[1:-1] if fragment in m]
     keys = [key for key, _ in steps("decay")]
     # The apply phase's passes, in order (the plan's happen inside its transaction: not pushed).
-    applying = [re.search(r"<code>(\w+)</code>", m).group(1) for m in passes if "applying" in m]
+    applying = [re.search(r'<span title="(\w+)">', m).group(1) for m in passes if "applying" in m]
     assert applying == keys
     assert "rows done so far" in passes[-1]
     assert fragment in messages[-1] and 'data-status="succeeded"' in messages[-1]

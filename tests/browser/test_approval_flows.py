@@ -104,7 +104,7 @@ def test_a_restored_entry_keeps_its_hold_through_a_run_now(page, server):
     cluster = server.start("qcluster")
     try:
         expect(page.locator("#run h1 .badge").first).to_have_text("succeeded", timeout=30_000)
-        expect(page.locator("#run-metrics tr", has_text="held_skipped")).to_contain_text("1")
+        expect(page.locator("#run-metrics tr", has_text="held, left alone")).to_contain_text("1")
     finally:
         cluster.terminate()
         cluster.wait(timeout=15)
