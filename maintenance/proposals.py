@@ -251,24 +251,21 @@ def _record_part(
     their values each time took most of a 74 s sweep (bench/reports/maintenance.md,
     "Propose mode's steady state")."""
 
-    # Only the entries of proposals to make or rewrite are read again (the rest are confirmed
-    # as they stand; an approval re-checks every proposal anyway).
-    def confirms(pair: tuple[int, str], key: str) -> bool:
-        current = open_rows.get(pair)
-        return current is not None and current[1] == key
-
-    rows = _rows(
-        run.workspace, sorted({pair[0] for pair, key in part if not confirms(pair, key)}), policy, now
-    )
-    new: list[tuple[Any, ...]] = []
     confirmed: list[int] = []
-    rewritten: list[tuple[int, int, str, dict[str, Any], str, datetime]] = []
-    standing = 0
-    for (entry_id, action), key in part:
-        current = open_rows.get((entry_id, action))
+    rest: list[tuple[tuple[int, str], str, tuple[int, str] | None]] = []
+    for pair, key in part:
+        current = open_rows.get(pair)
         if current is not None and current[1] == key:
             confirmed.append(current[0])
-            continue
+        else:
+            rest.append((pair, key, current))
+    # Only the entries of proposals to make or rewrite are read again (the confirmed ones stand
+    # as they are; an approval re-checks every proposal anyway).
+    rows = _rows(run.workspace, sorted({pair[0] for pair, _, _ in rest}), policy, now)
+    new: list[tuple[Any, ...]] = []
+    rewritten: list[tuple[int, int, str, dict[str, Any], str, datetime]] = []
+    standing = 0
+    for (entry_id, action), key, current in rest:
         row = rows.get(entry_id)
         if row is None or (row["pinned"] and key != "expired"):
             continue  # protected since the plan: nothing to propose
@@ -280,13 +277,15 @@ def _record_part(
         if current is not None:
             rewritten.append((current[0], run.pk, key, values, why, now))
         else:
-            new.append((run.workspace_id, run.pk, entry_id, entry_id, action, key, values, why, now))
+            new.append(
+                (run.workspace_id, run.pk, entry_id, entry_id, action, key, values, why, now, *UNDECIDED)
+            )
     if confirmed:
         Proposal.objects.filter(pk__any_of=confirmed).update(run=run)
     for rows_ in _chunks(rewritten):
         rawsql.update_rows(Proposal, ["run", "reason", "values", "why", "created_at"], rows_)
     for rows_ in _chunks(new, INSERT_PART):
-        rawsql.insert_records(Proposal, NEW_FIELDS, [(*r, ProposalStatus.OPEN, "", "") for r in rows_])
+        rawsql.insert_records(Proposal, NEW_FIELDS, rows_)
     return len(confirmed) + len(rewritten) + len(new) + standing
 
 
@@ -305,6 +304,7 @@ NEW_FIELDS = (
     "decided_by",
     "note",
 )
+UNDECIDED = (ProposalStatus.OPEN, "", "")  # a new proposal's status, decided_by and note
 # New proposals per INSERT (``rawsql.insert_records``: one JSON document on PostgreSQL, one
 # executemany on SQLite).
 INSERT_PART = 5000
