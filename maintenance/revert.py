@@ -10,7 +10,7 @@ entries are updated per (current, target) status group.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -18,6 +18,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from maintenance import batch_workers, hygiene_rank, rank_triggers
 from maintenance.models import MaintenanceRun
 from memory import holds, lifecycle
 from memory.errors import NotFound
@@ -94,7 +95,16 @@ def revert_events(
     match the entry's current status; the entry goes back to the status before the oldest one.
     Returns {"reverted": [entry ids], "skipped": [entry ids]}. Entries are reverted in batches
     of ``REVERT_BATCH``, one transaction each: a revert stopped half-way leaves whole batches
-    reverted (their events marked), and reverting again finishes the rest."""
+    reverted (their events marked), and reverting again finishes the rest.
+
+    On PostgreSQL, outside a caller's transaction, the batches go over two connections at once
+    (``maintenance.batch_workers``): they lock disjoint entries, events and tombstones. The
+    scores of the entries linked to one that left the tombstone are refreshed once all batches
+    are done (``_rescore_link_ends``), not inside each: two batches refreshing the same
+    neighbour could deadlock, and a revert stopped before that refresh leaves those scores to
+    the next sweep, as any score an input of which changed. More entries than a rank fold
+    takes one by one: each batch leaves one hygiene-rank mark for the workspace
+    (``rank_triggers.unmarked``), as a run's batches do."""
     now = now or timezone.now()
     events = [e for e in events if e.entry_id is not None]
     latest_of = _latest_ids(workspace, [e.entry_id for e in events if e.entry_id is not None])
@@ -102,67 +112,86 @@ def revert_events(
     for event in events:
         if event.entry_id in latest_of:
             by_entry[latest_of[event.entry_id]].append(event)
+    entry_ids = sorted(by_entry)
+    many = len(entry_ids) > hygiene_rank.REBUILD_OVER
+
+    def one_batch(batch: Sequence[int]) -> _Reverted:
+        with rank_triggers.unmarked(workspace.pk) if many else transaction.atomic():
+            return _revert_batch(workspace, {i: by_entry[i] for i in batch}, actor=actor, now=now)
+
+    batches = [entry_ids[start : start + REVERT_BATCH] for start in range(0, len(entry_ids), REVERT_BATCH)]
     reverted: list[int] = []
     skipped: list[int] = []
-    entry_ids = sorted(by_entry)
+    untombed: list[int] = []
     with lifecycle.coalesced():  # open pages hear of the revert once, not once per batch
-        for start in range(0, len(entry_ids), REVERT_BATCH):
-            chunk = {entry_id: by_entry[entry_id] for entry_id in entry_ids[start : start + REVERT_BATCH]}
-            done, passed = _revert_batch(workspace, chunk, actor=actor, now=now)
-            reverted += done
-            skipped += passed
+        for done in batch_workers.each_batch(batches, one_batch, _nothing):
+            reverted += done.reverted
+            skipped += done.skipped
+            untombed += done.untombed
+        _rescore_link_ends(workspace, untombed, now=now)
     return {"reverted": sorted(reverted), "skipped": sorted(skipped)}
+
+
+def _nothing() -> None:
+    """A revert holds no lease to renew between its batches."""
+
+
+class _Reverted(NamedTuple):
+    """What one batch reverted and skipped, and which of the reverted left the tombstone."""
+
+    reverted: list[int]
+    skipped: list[int]
+    untombed: list[int]
 
 
 def _revert_batch(
     workspace: Workspace, by_entry: dict[int, list[Event]], *, actor: str, now: datetime
-) -> tuple[list[int], list[int]]:
-    with transaction.atomic():
-        current = dict(
-            Entry.objects.select_for_update()
-            .filter(workspace=workspace, pk__any_of=list(by_entry), is_latest=True)
-            .order_by("pk")
-            .values_list("pk", "status")
+) -> _Reverted:
+    """One batch, inside the caller's transaction."""
+    current = dict(
+        Entry.objects.select_for_update()
+        .filter(workspace=workspace, pk__any_of=list(by_entry), is_latest=True)
+        .order_by("pk")
+        .values_list("pk", "status")
+    )
+    # The newest event of each entry must be the one that put it where it is now: a later
+    # manual change (or a later run) wins over an old automatic one.
+    newest_any = _newest_event_ids(list(current))
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    undone: list[Event] = []
+    reverted, skipped = [], []
+    for entry_id, evs in by_entry.items():
+        evs.sort(key=lambda e: (e.created_at, e.pk))
+        newest, oldest = evs[-1], evs[0]
+        if current.get(entry_id) != newest.to_status or newest_any.get(entry_id) != newest.pk:
+            skipped.append(entry_id)
+            continue
+        groups[(newest.to_status, oldest.from_status)].append(entry_id)
+        undone.extend(evs)
+        reverted.append(entry_id)
+    # The operator's decision sticks: the next run must not redo what was just undone. The
+    # hold is placed in the same UPDATE as the status (one rewrite of each wide row, not two).
+    # Each entry's event names the run and the event it undoes.
+    hold = holds.columns(HoldReason.REVERT, actor, now)
+    for (was, to_status), ids in groups.items():
+        lifecycle.change_status(
+            workspace.pk,
+            ids,
+            to_status,
+            reason="revert",
+            actor=actor,
+            now=now,
+            details={"hold": HoldReason.REVERT},
+            run_of={entry_id: by_entry[entry_id][-1].run_id for entry_id in ids},  # lists are sorted
+            reverts_of={entry_id: by_entry[entry_id][-1].pk for entry_id in ids},
+            columns=hold,
+            tombstoned=ids if was == Status.TOMBSTONED else [],  # read under the lock above
         )
-        # The newest event of each entry must be the one that put it where it is now: a later
-        # manual change (or a later run) wins over an old automatic one.
-        newest_any = _newest_event_ids(list(current))
-        groups: dict[tuple[str, str], list[int]] = defaultdict(list)
-        undone: list[Event] = []
-        reverted, skipped = [], []
-        for entry_id, evs in by_entry.items():
-            evs.sort(key=lambda e: (e.created_at, e.pk))
-            newest, oldest = evs[-1], evs[0]
-            if current.get(entry_id) != newest.to_status or newest_any.get(entry_id) != newest.pk:
-                skipped.append(entry_id)
-                continue
-            groups[(newest.to_status, oldest.from_status)].append(entry_id)
-            undone.extend(evs)
-            reverted.append(entry_id)
-        # The operator's decision sticks: the next run must not redo what was just undone. The
-        # hold is placed in the same UPDATE as the status (one rewrite of each wide row, not two).
-        # Each entry's event names the run and the event it undoes.
-        hold = holds.columns(HoldReason.REVERT, actor, now)
-        for (_, to_status), ids in groups.items():
-            lifecycle.change_status(
-                workspace.pk,
-                ids,
-                to_status,
-                reason="revert",
-                actor=actor,
-                now=now,
-                details={"hold": HoldReason.REVERT},
-                run_of={entry_id: by_entry[entry_id][-1].run_id for entry_id in ids},  # lists are sorted
-                reverts_of={entry_id: by_entry[entry_id][-1].pk for entry_id in ids},
-                columns=hold,
-            )
-        if undone:
-            LifecycleEvent.objects.filter(pk__any_of=[e.pk for e in undone]).update(reverted_at=now)
-        # Out of the tombstone: the links to it count again.
-        untombed = [i for (was, _), ids in groups.items() if was == Status.TOMBSTONED for i in ids]
-        if untombed:
-            _rescore_link_ends(workspace, untombed, now=now)
-    return reverted, skipped
+    if undone:
+        LifecycleEvent.objects.filter(pk__any_of=[e.pk for e in undone]).update(reverted_at=now)
+    # Out of the tombstone: the links to it count again (their ends rescored by the caller).
+    untombed = [i for (was, _), ids in groups.items() if was == Status.TOMBSTONED for i in ids]
+    return _Reverted(reverted, skipped, untombed)
 
 
 def _rescore_link_ends(workspace: Workspace, entry_ids: list[int], *, now: datetime) -> None:
@@ -172,7 +201,9 @@ def _rescore_link_ends(workspace: Workspace, entry_ids: list[int], *, now: datet
     its own scores, so a revert between counted statuses (archived, stale, active) alters none:
     rewriting each reverted wide row a second time for its scores was a sixth of a whole-run
     revert (bench/reports/maintenance.md)."""
-    ends = link_partners(entry_ids)
+    ends: set[int] = set()
+    for chunk in _chunked(entry_ids):
+        ends |= link_partners(chunk)
     if ends:
         refresh_scores(workspace, now=now, ids=ends)
 

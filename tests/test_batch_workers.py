@@ -362,3 +362,114 @@ def test_a_batch_commits_without_waiting_for_the_disk_and_a_large_pass_marks_the
         assert marks == [rank_triggers.EVERY_ENTRY] * 3
     else:
         assert sorted(marks) == ids
+
+
+def _tombstoned_by_a_run(workspace, now, n: int) -> tuple[int, list[int], int]:
+    """``n`` entries past their TTL, which a forced full run tombstones although each is linked
+    from one fresh partner (whose importance counts them again once they leave the tombstone):
+    the run's id, the entries' ids, the partner's id."""
+    from memory import relationships
+
+    ids = _make(workspace, now, n, age_days=20, expires_at=now - timedelta(days=1))
+    partner = new_entries.entry_create(workspace=workspace, content="the note every cold one cites", now=now)
+    for i in ids:
+        relationships.relationship_create(workspace=workspace, from_id=partner.pk, to_id=i, now=now)
+    run_id = run_maintenance(workspace=workspace, now=now, force=True)["run_id"]
+    assert set(Entry.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"tombstoned"}
+    return run_id, ids, partner.pk
+
+
+@postgresql
+@pytest.mark.parametrize("many", [False, True], ids=["few", "many"])
+def test_a_whole_run_revert_goes_over_several_connections_and_rescores_once_all_are_done(
+    workspace, now, settings, monkeypatch, many
+):
+    """A revert's batches lock disjoint entries, events and tombstones: on PostgreSQL they go
+    over two connections at once, each one transaction. The partners of the entries that left
+    the tombstone are rescored after the last batch, in the caller's thread; a revert of more
+    entries than a rank fold takes one by one leaves one rank mark per batch."""
+    from maintenance import revert
+    from memory.scoring_db import refresh_scores
+
+    settings.MAINTENANCE_BATCH_WORKERS = 2
+    run_id, ids, partner = _tombstoned_by_a_run(workspace, now, 12)
+    at = now + timedelta(hours=1)
+    refresh_scores(workspace, now=at, ids=[partner])
+    without = Entry.objects.get(pk=partner).importance  # no tombstoned end counts
+    HygieneRankDirty.objects.all().delete()
+    monkeypatch.setattr(revert, "REVERT_BATCH", 4)
+    monkeypatch.setattr(hygiene_rank, "REBUILD_OVER", 11 if many else 12)
+    seen: list[tuple[int, int, tuple[int, ...]]] = []
+    rescored: list[tuple[int, list[int]]] = []
+    lock = threading.Lock()
+    original_batch, original_rescore = revert._revert_batch, revert._rescore_link_ends
+
+    def spy_batch(workspace, by_entry, **kwargs):
+        with lock:
+            seen.append((threading.get_ident(), _backend(), tuple(by_entry)))
+        return original_batch(workspace, by_entry, **kwargs)
+
+    def spy_rescore(workspace, entry_ids, **kwargs):
+        rescored.append((threading.get_ident(), sorted(entry_ids)))
+        return original_rescore(workspace, entry_ids, **kwargs)
+
+    monkeypatch.setattr(revert, "_revert_batch", spy_batch)
+    monkeypatch.setattr(revert, "_rescore_link_ends", spy_rescore)
+    result = revert.revert_run(workspace, run_id, actor="user:op", now=at)
+
+    assert result["reverted"] == ids and result["skipped"] == []
+    assert sorted(i for _, _, batch in seen for i in batch) == ids and len(seen) == 3
+    assert len({pid for _, pid, _ in seen}) >= 2 and _backend() not in {pid for _, pid, _ in seen}
+    assert not [t for t in threading.enumerate() if t.name.startswith("batch-worker-")]
+    assert rescored == [(threading.get_ident(), ids)]
+    assert set(Entry.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"active"}
+    assert not Tombstone.objects.filter(entry_id__in=ids, restored_at__isnull=True).exists()
+    undone = LifecycleEvent.objects.filter(run_id=run_id, entry_id__in=ids).exclude(reason="revert")
+    assert undone.count() == 12 and not undone.filter(reverted_at__isnull=True).exists()
+    assert LifecycleEvent.objects.filter(reason="revert", entry_id__in=ids).count() == 12
+    assert Entry.objects.get(pk=partner).importance > without  # its twelve links count again
+    marks = list(HygieneRankDirty.objects.values_list("entry_id", flat=True))
+    if many:
+        assert marks == [rank_triggers.EVERY_ENTRY] * 3
+    else:
+        assert sorted(marks) == ids
+
+
+@postgresql
+def test_a_revert_batch_failing_half_way_leaves_every_batch_whole_and_a_second_revert_finishes(
+    workspace, now, settings, monkeypatch
+):
+    from maintenance import revert
+
+    settings.MAINTENANCE_BATCH_WORKERS = 2
+    run_id, ids, _ = _tombstoned_by_a_run(workspace, now, 20)
+    monkeypatch.setattr(revert, "REVERT_BATCH", 2)
+    original = lifecycle._events_each
+    calls: list[int] = []
+
+    def failing(*args, **kwargs):
+        original(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 4:
+            raise RuntimeError("the server went away in the middle of a batch")
+
+    monkeypatch.setattr(lifecycle, "_events_each", failing)
+    with pytest.raises(RuntimeError, match="went away"):
+        revert.revert_run(workspace, run_id, actor="user:op", now=now + timedelta(hours=1))
+    assert not [t for t in threading.enumerate() if t.name.startswith("batch-worker-")]
+    active = set(Entry.objects.filter(pk__in=ids, status="active").values_list("pk", flat=True))
+
+    # Every batch whole: an entry is back exactly when its revert event exists, its run's event
+    # is marked reverted and its Tombstone closed.
+    def entries(rows) -> set[int]:
+        return set(rows.values_list("entry_id", flat=True))
+
+    assert active == entries(LifecycleEvent.objects.filter(reason="revert"))
+    assert active == entries(LifecycleEvent.objects.filter(run_id=run_id, reverted_at__isnull=False))
+    assert active == entries(Tombstone.objects.filter(restored_at__isnull=False))
+    assert len(active) % 2 == 0 and 0 < len(active) < len(ids)
+
+    monkeypatch.setattr(lifecycle, "_events_each", original)
+    again = revert.revert_run(workspace, run_id, actor="user:op", now=now + timedelta(hours=2))
+    assert sorted(again["reverted"]) == sorted(set(ids) - active)
+    assert set(Entry.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"active"}
