@@ -486,6 +486,16 @@ def test_the_entry_page_shows_content_scores_links_anchors_tags_and_history(clie
     assert history.index("active → archived") < history.index("∅ → active")
 
 
+def test_the_entry_page_gives_an_entry_s_age_in_whole_days_as_a_proposal_does(client, workspace):
+    """The recency row says "342 days old", the words a proposal's why uses, not "341.50"."""
+    entry = make(workspace, "An old note", created_at=timezone.now() - timedelta(days=341.6))
+    day_old = make(workspace, "A new note", created_at=timezone.now() - timedelta(hours=30))
+    as_role(client, workspace, "viewer")
+
+    assert "342 days old</td>" in html(client.get(entry_url(workspace, entry)))
+    assert "1 day old</td>" in html(client.get(entry_url(workspace, day_old)))
+
+
 def test_the_entry_page_of_an_old_version_points_to_the_latest(client, workspace):
     old = make(workspace, "First words")
     new = entry_changes.entry_update(workspace=workspace, entry_id=old.pk, content="Second words").entry

@@ -112,6 +112,9 @@ def test_the_pending_tab_comes_first_and_is_the_default_while_proposals_are_open
     assert page.index('id="pending-group-archived"') < page.index('id="pending-group-evicted"')
     assert re.search(r'id="pending-count-evicted" class="count">3<', page)
     assert re.search(r'id="pending-count-archived" class="count">1<', page)
+    # Each group in words; the API's name of the reason only in the label's title.
+    assert 'class="group-label" title="evicted">Decayed: retention below the cold threshold</span>' in page
+    assert '<code class="meta">evicted</code>' not in page
     assert "4 changes await approval" in page
     for entry in doomed:
         row = page[page.index(f'id="pending-row-{entry.pk}"') :].split("</tr>", 1)[0]
