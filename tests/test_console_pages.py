@@ -410,6 +410,9 @@ def test_the_entries_list_pages_by_fifty(client, workspace):
     assert listed_ids(garbage) == newest_first[:50]
     assert "60 entries, page 1 of 2" in html(first)
     assert 'href="?sort=recent&amp;page=2"' in html(first)
+    # The words of every pager in the console: "← Previous", "Next →".
+    assert 'hx-push-url="true">Next →</a>' in html(first)
+    assert 'hx-push-url="true">← Previous</a>' in html(second)
 
 
 def test_the_entries_list_filters(client, workspace):
