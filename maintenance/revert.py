@@ -54,16 +54,24 @@ def _chunked(ids: Iterable[int]) -> Iterable[list[int]]:
 
 def _latest_ids(workspace: Workspace, entry_ids: Iterable[int]) -> dict[int, int]:
     """Each entry id → the id of its lineage's latest version. An event belongs to the version
-    it changed; after a content update the change lives on in the newer version."""
+    it changed; after a content update the change lives on in the newer version. A latest
+    version is its own (most of a run's entries): only the lineages of the others are looked
+    up."""
+    latest: dict[int, int] = {}
     lineage_of: dict[int, int] = {}
     for chunk in _chunked(entry_ids):
-        rows = Entry.objects.filter(workspace=workspace, pk__any_of=chunk).values_list("pk", "lineage_id")
-        lineage_of.update((pk, lineage or pk) for pk, lineage in rows)
-    latest: dict[int, int] = {}
+        rows = Entry.objects.filter(workspace=workspace, pk__any_of=chunk)
+        for pk, lineage, is_latest in rows.values_list("pk", "lineage_id", "is_latest"):
+            if is_latest:
+                latest[pk] = pk
+            else:
+                lineage_of[pk] = lineage or pk
+    newest: dict[int, int] = {}
     for chunk in _chunked(lineage_of.values()):
         found = Entry.objects.filter(workspace=workspace, lineage_id__any_of=chunk, is_latest=True)
-        latest.update((lineage, pk) for lineage, pk in found.values_list("lineage_id", "pk") if lineage)
-    return {pk: latest[lineage] for pk, lineage in lineage_of.items() if lineage in latest}
+        newest.update((lineage, pk) for lineage, pk in found.values_list("lineage_id", "pk") if lineage)
+    latest.update((pk, newest[lineage]) for pk, lineage in lineage_of.items() if lineage in newest)
+    return latest
 
 
 # Entries reverted per transaction: a revert of a run that tombstoned 250,000 entries holds
