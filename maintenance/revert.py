@@ -9,6 +9,7 @@ entries are updated per (current, target) status group.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -26,6 +27,8 @@ from memory.models import Entry, LifecycleEvent, Relationship, Workspace
 from memory.models.choices import HoldReason, Status
 from memory.relationships import link_partners
 from memory.scoring_db import refresh_scores
+
+log = logging.getLogger(__name__)
 
 REVERTIBLE_TO = (Status.ARCHIVED, Status.TOMBSTONED, Status.STALE)
 RUN_REVERT_TO = (Status.ARCHIVED, Status.TOMBSTONED)
@@ -109,8 +112,9 @@ def revert_events(
     (``maintenance.batch_workers``): they lock disjoint entries, events and tombstones. The
     scores of the entries linked to one that left the tombstone are refreshed once all batches
     are done (``_rescore_link_ends``), not inside each: two batches refreshing the same
-    neighbour could deadlock, and a revert stopped before that refresh leaves those scores to
-    the next sweep, as any score an input of which changed. More entries than a rank fold
+    neighbour could deadlock; after a failed batch, those of the batches committed before it
+    are refreshed before the error goes on (a revert stopped by a signal leaves them to the
+    next sweep). More entries than a rank fold
     takes one by one: each batch leaves one hygiene-rank mark for the workspace
     (``rank_triggers.unmarked``), as a run's batches do."""
     now = now or timezone.now()
@@ -132,10 +136,19 @@ def revert_events(
     skipped: list[int] = []
     untombed: list[int] = []
     with lifecycle.coalesced():  # open pages hear of the revert once, not once per batch
-        for done in batch_workers.each_batch(batches, one_batch, _nothing):
-            reverted += done.reverted
-            skipped += done.skipped
-            untombed += done.untombed
+        try:
+            for done in batch_workers.each_batch(batches, one_batch, _nothing):
+                reverted += done.reverted
+                skipped += done.skipped
+                untombed += done.untombed
+        except Exception:
+            # The batches committed before the failure stay reverted, and reverting again
+            # will not see them: their neighbours are rescored now, or never.
+            try:
+                _rescore_link_ends(workspace, untombed, now=now)
+            except Exception:
+                log.exception("the link ends of %s reverted entries were not rescored", len(untombed))
+            raise
         _rescore_link_ends(workspace, untombed, now=now)
     return {"reverted": sorted(reverted), "skipped": sorted(skipped)}
 

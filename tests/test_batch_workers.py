@@ -397,7 +397,7 @@ def test_a_whole_run_revert_goes_over_several_connections_and_rescores_once_all_
     refresh_scores(workspace, now=at, ids=[partner])
     without = Entry.objects.get(pk=partner).importance  # no tombstoned end counts
     HygieneRankDirty.objects.all().delete()
-    monkeypatch.setattr(revert, "REVERT_BATCH", 4)
+    monkeypatch.setattr(revert, "REVERT_BATCH", 2)
     monkeypatch.setattr(hygiene_rank, "REBUILD_OVER", 11 if many else 12)
     seen: list[tuple[int, int, tuple[int, ...]]] = []
     rescored: list[tuple[int, list[int]]] = []
@@ -418,7 +418,7 @@ def test_a_whole_run_revert_goes_over_several_connections_and_rescores_once_all_
     result = revert.revert_run(workspace, run_id, actor="user:op", now=at)
 
     assert result["reverted"] == ids and result["skipped"] == []
-    assert sorted(i for _, _, batch in seen for i in batch) == ids and len(seen) == 3
+    assert sorted(i for _, _, batch in seen for i in batch) == ids and len(seen) == 6
     assert len({pid for _, pid, _ in seen}) >= 2 and _backend() not in {pid for _, pid, _ in seen}
     assert not [t for t in threading.enumerate() if t.name.startswith("batch-worker-")]
     assert rescored == [(threading.get_ident(), ids)]
@@ -430,7 +430,7 @@ def test_a_whole_run_revert_goes_over_several_connections_and_rescores_once_all_
     assert Entry.objects.get(pk=partner).importance > without  # its twelve links count again
     marks = list(HygieneRankDirty.objects.values_list("entry_id", flat=True))
     if many:
-        assert marks == [rank_triggers.EVERY_ENTRY] * 3
+        assert marks == [rank_triggers.EVERY_ENTRY] * 6
     else:
         assert sorted(marks) == ids
 
@@ -440,9 +440,13 @@ def test_a_revert_batch_failing_half_way_leaves_every_batch_whole_and_a_second_r
     workspace, now, settings, monkeypatch
 ):
     from maintenance import revert
+    from memory.scoring_db import refresh_scores
 
     settings.MAINTENANCE_BATCH_WORKERS = 2
-    run_id, ids, _ = _tombstoned_by_a_run(workspace, now, 20)
+    run_id, ids, partner = _tombstoned_by_a_run(workspace, now, 20)
+    at = now + timedelta(hours=1)
+    refresh_scores(workspace, now=at, ids=[partner])
+    without = Entry.objects.get(pk=partner).importance
     monkeypatch.setattr(revert, "REVERT_BATCH", 2)
     original = lifecycle._events_each
     calls: list[int] = []
@@ -455,7 +459,7 @@ def test_a_revert_batch_failing_half_way_leaves_every_batch_whole_and_a_second_r
 
     monkeypatch.setattr(lifecycle, "_events_each", failing)
     with pytest.raises(RuntimeError, match="went away"):
-        revert.revert_run(workspace, run_id, actor="user:op", now=now + timedelta(hours=1))
+        revert.revert_run(workspace, run_id, actor="user:op", now=at)
     assert not [t for t in threading.enumerate() if t.name.startswith("batch-worker-")]
     active = set(Entry.objects.filter(pk__in=ids, status="active").values_list("pk", flat=True))
 
@@ -468,6 +472,9 @@ def test_a_revert_batch_failing_half_way_leaves_every_batch_whole_and_a_second_r
     assert active == entries(LifecycleEvent.objects.filter(run_id=run_id, reverted_at__isnull=False))
     assert active == entries(Tombstone.objects.filter(restored_at__isnull=False))
     assert len(active) % 2 == 0 and 0 < len(active) < len(ids)
+    # The batches that committed had their neighbour rescored before the error went on: a
+    # second revert will not see them again.
+    assert Entry.objects.get(pk=partner).importance > without
 
     monkeypatch.setattr(lifecycle, "_events_each", original)
     again = revert.revert_run(workspace, run_id, actor="user:op", now=now + timedelta(hours=2))
