@@ -114,9 +114,8 @@ def revert_events(
     are done (``_rescore_link_ends``), not inside each: two batches refreshing the same
     neighbour could deadlock; after a failed batch, those of the batches committed before it
     are refreshed before the error goes on (a revert stopped by a signal leaves them to the
-    next sweep). More entries than a rank fold
-    takes one by one: each batch leaves one hygiene-rank mark for the workspace
-    (``rank_triggers.unmarked``), as a run's batches do."""
+    next sweep). More entries than a rank fold takes one by one: each batch leaves one
+    hygiene-rank mark for the workspace (``rank_triggers.unmarked``), as a run's batches do."""
     now = now or timezone.now()
     events = [e for e in events if e.entry_id is not None]
     latest_of = _latest_ids(workspace, [e.entry_id for e in events if e.entry_id is not None])
